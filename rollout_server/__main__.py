@@ -1,0 +1,3 @@
+from rollout_server.launch import main
+
+main()

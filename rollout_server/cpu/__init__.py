@@ -1,0 +1,48 @@
+"""CPU support for SGLang: pure-PyTorch versions of the `sgl_kernel` CPU ops.
+
+Active only when SGLang runs on the CPU (`SGLANG_USE_CPU_ENGINE=1`) and no real `sgl_kernel`
+package is installed, so it never shadows the real kernels on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
+SHIM_DIR = Path(__file__).with_name("kernels")
+
+
+def cpu_engine_requested(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
+    """Whether SGLang is being started on its CPU engine."""
+    return environ.get(CPU_ENGINE_ENV, "").lower() in {"1", "true", "yes"}
+
+
+def real_sgl_kernel_installed() -> bool:
+    """Whether an `sgl_kernel` other than our stand-in can be imported."""
+    spec = importlib.util.find_spec("sgl_kernel")
+    return spec is not None and spec.origin is not None and not Path(spec.origin).is_relative_to(SHIM_DIR)
+
+
+def cpu_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment for SGLang's CPU engine: the engine switch, and our `sgl_kernel` stand-in on
+    PYTHONPATH (inherited by SGLang's spawned scheduler processes) unless a real one is installed."""
+    env = dict(environ)
+    env[CPU_ENGINE_ENV] = "1"
+    if not real_sgl_kernel_installed():
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if str(SHIM_DIR) not in paths:
+            paths.append(str(SHIM_DIR))
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def activate_in_this_process() -> None:
+    """Apply `cpu_environment` to the running interpreter (before SGLang is imported)."""
+    env = cpu_environment(dict(os.environ))
+    os.environ.update(env)
+    for path in env.get("PYTHONPATH", "").split(os.pathsep):
+        if path and path not in sys.path:
+            sys.path.append(path)

@@ -1,0 +1,58 @@
+"""`python -m rollout_server`: validate TLT's flags, prepare the device, start SGLang in-process."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from rollout_server import cpu
+from tlt.settings import RolloutServerSettings
+
+
+def parse_settings(argv: list[str]) -> RolloutServerSettings:
+    """Settings from the command line (and TLT_ROLLOUT_* variables); args after `--` go to SGLang."""
+    ours, sep, theirs = _split_at_double_dash(argv)
+    settings = CliApp.run(RolloutServerSettings, cli_args=ours, cli_exit_on_error=True)
+    if sep:
+        settings = settings.model_copy(update={"sglang_args": [*settings.sglang_args, *theirs]})
+    return settings
+
+
+def _split_at_double_dash(argv: list[str]) -> tuple[list[str], bool, list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], True, argv[i + 1 :]
+    return argv, False, []
+
+
+def serve(settings: RolloutServerSettings) -> None:
+    """Run SGLang's HTTP server with these settings until it exits."""
+    if settings.resolved_device() == "cpu":
+        if any(arg.startswith("--speculative-algorithm") for arg in settings.sglang_args):
+            if not cpu.real_sgl_kernel_installed():
+                sys.exit("rollout_server: speculative decoding is not available on the CPU engine yet")
+        cpu.activate_in_this_process()
+    # SGLang reads its environment at import time: import it only now.
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    load_plugins()
+    server_args = prepare_server_args(settings.sglang_argv())
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of `python -m rollout_server`."""
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv)
+    except ValidationError as err:
+        sys.exit(f"rollout_server: invalid settings:\n{err}")
+    serve(settings)
