@@ -1,7 +1,8 @@
 """TLT's SGLang plugin (entry point `sglang.srt.plugins: tlt`), run by SGLang in each of its
 processes before it serves.
 
-On the CPU engine it registers TLT's PyTorch versions of the `sgl_kernel` CPU ops as
+On every device it rejects malformed prompts with HTTP 400 (`request_checks`) before they reach
+the scheduler. On the CPU engine it registers TLT's PyTorch versions of the `sgl_kernel` CPU ops as
 `torch.ops.sgl_kernel.*` operators, so code that reaches them through `torch.ops` (rather than
 `from sgl_kernel import ...`, which the stand-in package answers) finds them too. An operator that
 a real `sgl_kernel` build already defines is left alone.
@@ -15,6 +16,7 @@ import torch
 
 from rollout_server import cpu
 from rollout_server.cpu import ops
+from rollout_server.request_checks import check_prompt_ids
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +47,20 @@ def register_cpu_ops() -> list[str]:
     return defined
 
 
+def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
+    """BEFORE-hook on TokenizerManager._validate_one_request, whose ValueErrors become HTTP 400."""
+    check_prompt_ids(input_ids, manager.model_config.vocab_size)
+
+
 def register() -> None:
     """Plugin entry point."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request",
+        _validate_prompt,
+        HookType.BEFORE,
+    )
     if cpu.cpu_engine_requested():
         defined = register_cpu_ops()
         logger.info("TLT plugin: CPU engine; PyTorch sgl_kernel ops registered: %s", ", ".join(defined) or "none")

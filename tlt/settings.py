@@ -29,6 +29,7 @@ class RolloutServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(
         env_prefix="TLT_ROLLOUT_",
+        cli_prog_name="python -m rollout_server",
         cli_kebab_case=True,
         cli_implicit_flags=True,
         extra="forbid",
@@ -49,6 +50,11 @@ class RolloutServerSettings(BaseSettings):
     )
     random_seed: int | None = Field(None, ge=0, description="seed of SGLang's sampler")
     enable_return_hidden_states: bool = Field(False, description="allow return_hidden_states requests")
+    warmup: bool = Field(
+        False,
+        description="send SGLang's English warm-up request at start (off: TLT's tiny models have a "
+        "character vocabulary that maps it to an empty prompt)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("warning", description="SGLang log level")
     sglang_args: list[str] = Field(
         default_factory=list, description="extra SGLang flags (on the command line: after `--`)"
@@ -92,4 +98,6 @@ class RolloutServerSettings(BaseSettings):
                 argv += [flag, str(value)]
         if self.enable_return_hidden_states:
             argv.append("--enable-return-hidden-states")
+        if not self.warmup:
+            argv.append("--skip-server-warmup")
         return argv + list(self.sglang_args)

@@ -1,0 +1,121 @@
+"""Each PyTorch stand-in for an sgl_kernel CPU op against a plain element-by-element reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollout_server.cpu import ops
+
+
+def _segments(gen: torch.Generator, batch: int, pool_len: int):
+    starts = torch.randint(0, pool_len // 2, (batch,), generator=gen)
+    lens = torch.randint(0, pool_len // 2, (batch,), generator=gen)
+    return starts, starts + lens
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_assign_req_to_token_pool_matches_reference(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    batch, pool_len, rows = 6, 40, 10
+    req_pool_indices = torch.randperm(rows, generator=gen)[:batch]
+    start, end = _segments(gen, batch, pool_len)
+    out_cache_loc = torch.randint(1, 10_000, (int((end - start).sum()),), generator=gen)
+    req_to_token = torch.randint(0, 5, (rows, pool_len), generator=gen, dtype=torch.int32)
+    expected = req_to_token.clone()
+    k = 0
+    for i in range(batch):
+        for j in range(int(start[i]), int(end[i])):
+            expected[int(req_pool_indices[i]), j] = int(out_cache_loc[k])
+            k += 1
+    ops.assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start, end, out_cache_loc, pool_len)
+    assert torch.equal(req_to_token, expected)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_assign_extend_cache_locs_is_the_inverse_gather(seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    batch, pool_len, rows = 5, 32, 8
+    req_pool_indices = torch.randperm(rows, generator=gen)[:batch]
+    start, end = _segments(gen, batch, pool_len)
+    req_to_token = torch.randint(0, 10_000, (rows, pool_len), generator=gen, dtype=torch.int32)
+    out = torch.full((int((end - start).sum()) + 3,), -7, dtype=torch.int64)
+    expected = out.clone()
+    k = 0
+    for i in range(batch):
+        for j in range(int(start[i]), int(end[i])):
+            expected[k] = int(req_to_token[int(req_pool_indices[i]), j])
+            k += 1
+    ops.assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start, end, out, pool_len)
+    assert torch.equal(out, expected)
+
+
+def test_assign_draft_cache_locs_contiguous_matches_reference() -> None:
+    gen = torch.Generator().manual_seed(0)
+    rows, pool_len, topk, steps = 6, 50, 2, 3
+    req_pool_indices = torch.tensor([4, 1, 3])
+    seq_lens = torch.tensor([0, 10, 44])
+    req_to_token = torch.randint(0, 10_000, (rows, pool_len), generator=gen, dtype=torch.int32)
+    out = torch.zeros(3 * topk * steps, dtype=torch.int64)
+    expected = [
+        int(req_to_token[int(r), int(s) + j]) for r, s in zip(req_pool_indices, seq_lens) for j in range(topk * steps)
+    ]
+    ops.assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out, pool_len, topk, steps)
+    assert out.tolist() == expected
+
+
+def test_fill_bonus_tokens_takes_the_last_accepted_token() -> None:
+    accept_tokens = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    accept_lens = torch.tensor([1, 4, 2])
+    bonus = torch.zeros(3, dtype=torch.int64)
+    ops.fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus, accept_tokens.shape[1])
+    assert bonus.tolist() == [accept_tokens[i, int(accept_lens[i]) - 1].item() for i in range(3)]
+
+
+def test_fill_accept_out_cache_loc_compacts_accepted_slots_in_order() -> None:
+    accept_index = torch.tensor([[0, 2, -1], [3, -1, -1], [6, 7, 8]])
+    out_cache_loc = torch.arange(100, 109)
+    dest = torch.full((9,), -1, dtype=torch.int64)
+    ops.fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, dest)
+    expected = [int(out_cache_loc[i]) for i in accept_index.reshape(-1).tolist() if i != -1]
+    assert dest[: len(expected)].tolist() == expected
+    assert (dest[len(expected) :] == -1).all()
+
+
+@pytest.mark.parametrize("with_select", [False, True])
+def test_rotate_input_ids_matches_reference(with_select: bool) -> None:
+    input_ids = torch.arange(20, 32)
+    starts, lens = torch.tensor([0, 5, 9]), torch.tensor([5, 4, 0])
+    topk_index = torch.tensor([[101], [102], [103]])
+    select = torch.tensor([2, 6, 11]) if with_select else None
+    expected = input_ids.tolist()
+    for i in range(3):
+        s, n = int(starts[i]), int(lens[i])
+        if n == 0:
+            continue
+        segment = expected[s : s + n]
+        expected[s : s + n - 1] = segment[1:]
+        expected[int(select[i]) if select is not None else s + n - 1] = int(topk_index[i, 0])
+    ops.rotate_input_ids_cpu(input_ids, starts, lens, topk_index, select)
+    assert input_ids.tolist() == expected
+
+
+def test_copy_all_layer_kv_cache_copies_rows_in_every_buffer() -> None:
+    gen = torch.Generator().manual_seed(0)
+    buffers = [torch.randn(16, 2, 4, generator=gen), torch.randn(16, 2, 4, generator=gen).half()]
+    data_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.uint64)
+    strides = torch.tensor([b[0].numel() * b.element_size() for b in buffers], dtype=torch.int64)
+    # A chain of moves: 3 is read (as 3's old value) before 3 is overwritten.
+    src, tgt = torch.tensor([3, 5, 9]), torch.tensor([7, 3, 1])
+    expected = [b.clone() for b in buffers]
+    for e, b in zip(expected, buffers):
+        for s, t in zip(src.tolist(), tgt.tolist()):
+            e[t] = b[s]
+    ops.copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt, src)
+    for e, b in zip(expected, buffers):
+        assert torch.equal(e, b)
+
+
+def test_tree_ops_say_clearly_that_speculation_is_unavailable() -> None:
+    with pytest.raises(NotImplementedError, match="speculative"):
+        ops.build_tree_kernel_efficient_cpu()

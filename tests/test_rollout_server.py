@@ -1,0 +1,109 @@
+"""A real rollout server process (SGLang + TLT plugin on the CPU) against HF transformers."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tlt.models.hf_generate import greedy_generate
+from tlt.rollout_client import SamplingParams
+from tlt.tasks import GcdTask
+
+pytestmark = pytest.mark.slow
+
+
+def _prompts(name: str, tokenizer, count: int) -> list[list[int]]:
+    problems = GcdTask().sample(count, seed=7, split="test")
+    return [tokenizer(p.prompt).input_ids for p in problems]
+
+
+def _max_new_tokens(name: str) -> int:
+    # The trained model's answers run to hundreds of tokens: let them finish.
+    return 600 if name == "tiny-gcd" else 48
+
+
+def _hf(path):
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def test_greedy_output_equals_hf_generate(served_model) -> None:
+    name, path, server = served_model
+    model, tokenizer = _hf(path)
+    prompts = _prompts(name, tokenizer, 8)
+    expected = greedy_generate(
+        model, prompts, _max_new_tokens(name), tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=1
+    )
+    params = SamplingParams(max_new_tokens=_max_new_tokens(name), temperature=0.0)
+    client = server.client()
+    got = [client.generate(p, params).output_ids for p in prompts]
+    assert got == expected
+    if name == "tiny-gcd":
+        assert max(len(g) for g in got) > 40, "the trained model should write worked solutions"
+
+
+def test_batched_and_concurrent_requests_equal_single_ones(served_model) -> None:
+    name, path, server = served_model
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompts = _prompts(name, tokenizer, 24)
+    params = SamplingParams(max_new_tokens=_max_new_tokens(name), temperature=0.0)
+    client = server.client()
+    single = [client.generate(p, params).output_ids for p in prompts]
+    batched = [c.output_ids for c in client.generate_batch(prompts, params)]
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        concurrent = list(pool.map(lambda p: client.generate(p, params).output_ids, prompts))
+    assert batched == single
+    assert concurrent == single
+
+
+def test_logprobs_match_transformers_log_softmax(served_model) -> None:
+    name, path, server = served_model
+    model, tokenizer = _hf(path)
+    client = server.client()
+    params = SamplingParams(max_new_tokens=_max_new_tokens(name), temperature=1.0)
+    for prompt in _prompts(name, tokenizer, 4):
+        completion = client.generate(prompt, params, return_logprob=True)
+        sequence = torch.tensor([prompt + completion.output_ids])
+        with torch.no_grad():
+            log_probs = model(sequence).logits[0].log_softmax(-1)
+        positions = torch.arange(len(prompt) - 1, sequence.shape[1] - 1)
+        reference = log_probs[positions, sequence[0, len(prompt) :]]
+        assert completion.logprobs is not None
+        assert torch.allclose(torch.tensor(completion.logprobs), reference, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"input_ids": [3, 4], "sampling_params": {"temperature": -1}},
+        {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": -5}},
+        {"input_ids": [3, 10**6]},  # out of vocabulary: crashes plain SGLang 0.5.23
+        {"input_ids": [3, -1]},
+        {"text": "hello"},  # no character of it is in the vocabulary: an empty prompt
+        {"sampling_params": {}},
+    ],
+    ids=["negative-temperature", "negative-max-tokens", "oov-id", "negative-id", "empty-prompt", "no-prompt"],
+)
+def test_malformed_request_gets_400_and_server_keeps_serving(served_model, payload) -> None:
+    name, _, server = served_model
+    if name != "qwen2":
+        pytest.skip("one model is enough for request validation")
+    response = requests.post(f"{server.url}/generate", json=payload, timeout=60)
+    assert response.status_code == 400, response.text
+    assert server.alive()
+    ok = server.client().generate([5, 6, 7], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert len(ok.output_ids) >= 1
+
+
+def test_unparseable_json_gets_400(served_model) -> None:
+    name, _, server = served_model
+    if name != "qwen2":
+        pytest.skip("one model is enough for request validation")
+    response = requests.post(
+        f"{server.url}/generate", data="{not json", headers={"content-type": "application/json"}, timeout=60
+    )
+    assert response.status_code == 400
+    assert server.client().healthy()

@@ -1,0 +1,87 @@
+"""The rollout server's settings model: validation, SGLang translation, CLI and env sources."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from rollout_server.launch import parse_settings
+from tlt.settings import RolloutServerSettings
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text("{}")
+    return tmp_path
+
+
+def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
+    argv = RolloutServerSettings(model_path=model_dir, device="cpu", port=1234).sglang_argv()
+    joined = " ".join(argv)
+    assert "--device cpu" in joined
+    assert "--attention-backend torch_native" in joined
+    assert "--sampling-backend pytorch" in joined
+    assert "--dtype float32" in joined
+    assert "--max-total-tokens 65536" in joined
+    assert "--skip-server-warmup" in argv
+    assert argv[argv.index("--port") + 1] == "1234"
+
+
+def test_gpu_keeps_sglang_backends(model_dir: Path) -> None:
+    argv = RolloutServerSettings(model_path=model_dir, device="cuda", dtype="bfloat16").sglang_argv()
+    assert "--attention-backend" not in argv
+    assert "--max-total-tokens" not in argv
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("port", 0), ("port", 70000), ("max_total_tokens", 10), ("mem_fraction_static", 1.5), ("device", "tpu")],
+)
+def test_bad_values_are_rejected_naming_the_field(model_dir: Path, field: str, value) -> None:
+    with pytest.raises(ValidationError) as err:
+        RolloutServerSettings(model_path=model_dir, **{field: value})
+    assert field in str(err.value)
+
+
+def test_model_path_must_be_a_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="config.json"):
+        RolloutServerSettings(model_path=tmp_path)
+
+
+def test_command_line_with_passthrough(model_dir: Path) -> None:
+    settings = parse_settings(
+        ["--model-path", str(model_dir), "--port", "4321", "--enable-return-hidden-states", "--", "--chunked-prefill-size", "512"]
+    )
+    assert settings.port == 4321 and settings.enable_return_hidden_states
+    assert settings.sglang_argv()[-2:] == ["--chunked-prefill-size", "512"]
+
+
+def test_environment_variables_fill_settings(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TLT_ROLLOUT_MODEL_PATH", str(model_dir))
+    monkeypatch.setenv("TLT_ROLLOUT_MAX_RUNNING_REQUESTS", "17")
+    settings = parse_settings([])
+    assert settings.model_path == model_dir and settings.max_running_requests == 17
+
+
+def test_help_documents_every_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "rollout_server", "--help"], capture_output=True, text=True, timeout=120
+    ).stdout
+    for name in RolloutServerSettings.model_fields:
+        assert "--" + name.replace("_", "-") in out, name
+
+
+def test_invalid_flag_exits_with_an_error(model_dir: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rollout_server", "--model-path", str(model_dir), "--port", "-3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "port" in result.stderr

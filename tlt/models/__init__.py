@@ -1,0 +1,1 @@
+"""Model code shared by the services: tokenizers and the tiny reasoning model."""

@@ -1,0 +1,82 @@
+"""A small client for a rollout server's SGLang HTTP API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import requests
+from pydantic import BaseModel, Field
+
+
+class SamplingParams(BaseModel):
+    """The sampling parameters TLT sends with every rollout request."""
+
+    max_new_tokens: int = Field(512, ge=1, le=32768)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1)
+    ignore_eos: bool = False
+
+
+class Completion(BaseModel):
+    """One finished generation."""
+
+    output_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[float] | None = None
+
+
+class RolloutClient:
+    """Talks to one rollout server (`base_url`, e.g. http://127.0.0.1:30000)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def healthy(self) -> bool:
+        """Whether the server answers /health with 200."""
+        try:
+            return self._session.get(f"{self.base_url}/health", timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def generate(
+        self, input_ids: list[int], params: SamplingParams, return_logprob: bool = False
+    ) -> Completion:
+        """Generate one continuation of a token-id prompt."""
+        payload: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": params.model_dump(),
+            "return_logprob": return_logprob,
+        }
+        response = self._session.post(f"{self.base_url}/generate", json=payload, timeout=self.timeout_s)
+        response.raise_for_status()
+        return parse_completion(response.json())
+
+    def generate_batch(
+        self, input_ids: list[list[int]], params: SamplingParams, return_logprob: bool = False
+    ) -> list[Completion]:
+        """Generate continuations of several prompts in one request (SGLang batches them)."""
+        payload: dict[str, Any] = {
+            "input_ids": input_ids,
+            "sampling_params": params.model_dump(),
+            "return_logprob": return_logprob,
+        }
+        response = self._session.post(f"{self.base_url}/generate", json=payload, timeout=self.timeout_s)
+        response.raise_for_status()
+        return [parse_completion(item) for item in response.json()]
+
+
+def parse_completion(item: dict[str, Any]) -> Completion:
+    """A `Completion` from one element of SGLang's /generate answer."""
+    meta = item.get("meta_info", {})
+    finish = meta.get("finish_reason") or {}
+    logprobs = meta.get("output_token_logprobs")
+    return Completion(
+        output_ids=item["output_ids"],
+        text=item.get("text", ""),
+        finish_reason=finish.get("type"),
+        logprobs=[entry[0] for entry in logprobs] if logprobs else None,
+    )

@@ -1,0 +1,107 @@
+"""Start and stop a rollout server as a child process (single-machine mode, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from tlt.rollout_client import RolloutClient
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerStartError(RuntimeError):
+    """The rollout server exited or did not become healthy in time."""
+
+
+class RolloutServerProcess:
+    """`python -m rollout_server` in its own process group, logging to `log_path`."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        log_path: Path,
+        port: int | None = None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.model_path = Path(model_path)
+        self.log_path = Path(log_path)
+        self.port = port or free_port()
+        self.args = list(args)
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, timeout_s: float = 600.0) -> RolloutClient:
+        return RolloutClient(self.url, timeout_s=timeout_s)
+
+    def start(self, timeout_s: float = 300.0) -> RolloutServerProcess:
+        """Launch and wait until /health answers; raises ServerStartError with the log's tail."""
+        command = [sys.executable, "-m", "rollout_server", "--model-path", str(self.model_path)]
+        command += ["--port", str(self.port), *self.args]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(self.env or {})},
+                start_new_session=True,  # SGLang spawns workers: stop them as one group
+            )
+        client = self.client()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerStartError(f"rollout server exited with {self.process.returncode}:\n{self.log_tail()}")
+            if client.healthy():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(f"rollout server not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after `timeout_s`."""
+        if self.process is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(timeout=timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        self.process = None
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def __enter__(self) -> RolloutServerProcess:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
