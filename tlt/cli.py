@@ -51,14 +51,14 @@ def _summary_table(title: str, summary: RolloutSummary) -> Table:
 @app.command("make-tiny-model")
 def make_tiny_model(
     out: Annotated[Path, typer.Option(help="output directory")] = BUNDLED_MODEL,
-    steps: Annotated[int, typer.Option(min=1, help="optimiser steps")] = 800,
+    steps: Annotated[int | None, typer.Option(min=1, help="optimiser steps [default: the recipe's, 500]")] = None,
     seed: Annotated[int, typer.Option(help="seed of data and initialisation")] = 0,
     eval_problems: Annotated[int, typer.Option(min=0, help="test problems to score afterwards (0: skip)")] = 500,
 ) -> None:
     """Pretrain the tiny reasoning model (Qwen2 architecture) on worked solutions; save in HF format."""
     from tlt.models.tiny import TinyModelSpec, pretrain, save_model
 
-    spec = TinyModelSpec(steps=steps, seed=seed)
+    spec = TinyModelSpec(seed=seed) if steps is None else TinyModelSpec(steps=steps, seed=seed)
     with _progress() as progress:
         task = progress.add_task("pretraining", total=spec.steps, info="")
         model, tokenizer = pretrain(
@@ -75,7 +75,7 @@ def model_stats(
     model: Annotated[Path, typer.Option(help="HF checkpoint directory")] = BUNDLED_MODEL,
     problems: Annotated[int, typer.Option(min=1, help="test problems to score")] = 500,
     seed: Annotated[int, typer.Option(help="seed of the problem draw")] = 1,
-    max_new_tokens: Annotated[int, typer.Option(min=1)] = 1024,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="the tiny model's context is 1024 tokens")] = 1000,
 ) -> None:
     """Greedy accuracy and response-length distribution of a model on held-out problems (HF transformers)."""
     from tlt.evaluation import evaluate_with_hf
@@ -96,7 +96,7 @@ def run(
     prompts: Annotated[int, typer.Option(min=1, max=4096, help="problems in the batch")] = 64,
     samples: Annotated[int, typer.Option(min=1, max=64, help="samples per problem (the GRPO group)")] = 8,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
-    max_new_tokens: Annotated[int, typer.Option(min=1, max=32768)] = 1024,
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=32768, help="the tiny model's context is 1024 tokens")] = 1000,
     seed: Annotated[int, typer.Option()] = 0,
     runs_dir: Annotated[Path, typer.Option(help="where run records are written")] = Path("runs"),
 ) -> None:

@@ -28,7 +28,7 @@ class TinyModelSpec(BaseModel):
     intermediate_size: int = Field(384, ge=16)
     max_position_embeddings: int = Field(1024, ge=64)
     max_value: int = Field(99, ge=3, description="problems use numbers in [1, max_value]")
-    steps: int = Field(1200, ge=1)
+    steps: int = Field(500, ge=1)
     batch_tokens: int = Field(8192, ge=256, description="padded tokens per optimiser step")
     lr: float = Field(3e-3, gt=0)
     warmup_steps: int = Field(50, ge=0)

@@ -1,0 +1,40 @@
+# One virtual environment (.venv) holds everything; `make install` builds it from the registries.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test test-quick bench tiny-model model-stats clean
+
+install: $(STAMP)
+
+# SGLang's PyPI metadata pulls CUDA-only wheels: install its CPU-usable requirements, then
+# sglang itself without dependencies, then TLT (editable) with its test tools.
+$(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/lock.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c requirements/lock.txt -r requirements/sglang-cpu.txt
+	$(PIP) install -q --no-deps -c requirements/lock.txt sglang==0.5.23
+	$(PIP) install -q -c requirements/lock.txt -e '.[test]'
+	touch $(STAMP)
+
+run: install
+	$(VENV)/bin/tlt run
+
+test: install
+	$(PY) -m pytest
+
+test-quick: install
+	$(PY) -m pytest -m "not slow"
+
+bench: install
+	$(PY) -m benchmarks.engine_vs_hf
+
+tiny-model: install
+	$(VENV)/bin/tlt make-tiny-model
+
+model-stats: install
+	$(VENV)/bin/tlt model-stats
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache
