@@ -33,6 +33,6 @@ def served_model(
     name = request.param
     path = tiny_model if name == "tiny-gcd" else random_checkpoints[name]
     log = tmp_path_factory.mktemp(f"server-{name}") / "server.log"
-    server = RolloutServerProcess(path, log, args=["--log-level", "info", "--random-seed", "0"])
+    server = RolloutServerProcess(path, log, args=["--random-seed", "0"])
     with server:
         yield name, path, server

@@ -28,6 +28,7 @@ def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
     assert "--dtype float32" in joined
     assert "--max-total-tokens 65536" in joined
     assert "--skip-server-warmup" in argv
+    assert "--sleep-on-idle" in argv
     assert argv[argv.index("--port") + 1] == "1234"
 
 

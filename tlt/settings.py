@@ -50,6 +50,11 @@ class RolloutServerSettings(BaseSettings):
     )
     random_seed: int | None = Field(None, ge=0, description="seed of SGLang's sampler")
     enable_return_hidden_states: bool = Field(False, description="allow return_hidden_states requests")
+    sleep_on_idle: bool = Field(
+        True,
+        description="an idle scheduler sleeps instead of spinning a core (SGLang's default spins), "
+        "leaving idle time to spot training",
+    )
     warmup: bool = Field(
         False,
         description="send SGLang's English warm-up request at start (off: TLT's tiny models have a "
@@ -98,6 +103,8 @@ class RolloutServerSettings(BaseSettings):
                 argv += [flag, str(value)]
         if self.enable_return_hidden_states:
             argv.append("--enable-return-hidden-states")
+        if self.sleep_on_idle:
+            argv.append("--sleep-on-idle")
         if not self.warmup:
             argv.append("--skip-server-warmup")
         return argv + list(self.sglang_args)

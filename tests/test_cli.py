@@ -1,0 +1,45 @@
+"""The `tlt` command line, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TLT = [sys.executable, "-m", "tlt.cli"]
+
+
+def test_help_lists_the_commands() -> None:
+    out = subprocess.run([*TLT, "--help"], capture_output=True, text=True, timeout=120).stdout
+    for command in ("run", "make-tiny-model", "model-stats"):
+        assert command in out
+
+
+def test_run_rejects_a_directory_that_is_no_checkpoint(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*TLT, "run", "--model", str(tmp_path), "--runs-dir", str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert "config.json" in result.stderr + result.stdout
+
+
+@pytest.mark.slow
+def test_run_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [*TLT, "run", "--prompts", "6", "--samples", "3", "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "accuracy" in result.stdout and "p99" in result.stdout
+    (run_dir,) = list(tmp_path.iterdir())
+    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rollouts) == 18
+    assert {(r["a"], r["b"]) for r in rollouts} and {r["sample"] for r in rollouts} == {0, 1, 2}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["summary"]["count"] == 18
+    assert summary["summary"]["accuracy"] == pytest.approx(sum(r["reward"] for r in rollouts) / 18)
+    assert (run_dir / "rollout_server.log").exists()
