@@ -31,9 +31,9 @@ def _split_at_double_dash(argv: list[str]) -> tuple[list[str], bool, list[str]]:
 def serve(settings: RolloutServerSettings) -> None:
     """Run SGLang's HTTP server with these settings until it exits."""
     if settings.resolved_device() == "cpu":
-        if any(arg.startswith("--speculative-algorithm") for arg in settings.sglang_args):
-            if not cpu.real_sgl_kernel_installed():
-                sys.exit("rollout_server: speculative decoding is not available on the CPU engine yet")
+        speculative = any(arg.startswith("--speculative-algorithm") for arg in settings.sglang_args)
+        if speculative and not cpu.real_sgl_kernel_installed():
+            sys.exit("rollout_server: speculative decoding is not available on the CPU engine yet")
         cpu.activate_in_this_process()
     # SGLang reads its environment at import time: import it only now.
     from sglang.launch_server import run_server

@@ -8,18 +8,19 @@ import torch
 from rollout_server.cpu import ops
 
 
-def _segments(gen: torch.Generator, batch: int, pool_len: int):
+def _requests(gen: torch.Generator, batch: int, pool_len: int, rows: int):
+    """Distinct request rows and a [start, end) segment of each."""
+    req_pool_indices = torch.randperm(rows, generator=gen)[:batch]
     starts = torch.randint(0, pool_len // 2, (batch,), generator=gen)
     lens = torch.randint(0, pool_len // 2, (batch,), generator=gen)
-    return starts, starts + lens
+    return req_pool_indices, starts, starts + lens
 
 
 @pytest.mark.parametrize("seed", range(5))
 def test_assign_req_to_token_pool_matches_reference(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     batch, pool_len, rows = 6, 40, 10
-    req_pool_indices = torch.randperm(rows, generator=gen)[:batch]
-    start, end = _segments(gen, batch, pool_len)
+    req_pool_indices, start, end = _requests(gen, batch, pool_len, rows)
     out_cache_loc = torch.randint(1, 10_000, (int((end - start).sum()),), generator=gen)
     req_to_token = torch.randint(0, 5, (rows, pool_len), generator=gen, dtype=torch.int32)
     expected = req_to_token.clone()
@@ -36,8 +37,7 @@ def test_assign_req_to_token_pool_matches_reference(seed: int) -> None:
 def test_assign_extend_cache_locs_is_the_inverse_gather(seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     batch, pool_len, rows = 5, 32, 8
-    req_pool_indices = torch.randperm(rows, generator=gen)[:batch]
-    start, end = _segments(gen, batch, pool_len)
+    req_pool_indices, start, end = _requests(gen, batch, pool_len, rows)
     req_to_token = torch.randint(0, 10_000, (rows, pool_len), generator=gen, dtype=torch.int32)
     out = torch.full((int((end - start).sum()) + 3,), -7, dtype=torch.int64)
     expected = out.clone()

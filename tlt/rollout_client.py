@@ -46,19 +46,15 @@ class RolloutClient:
         self, input_ids: list[int], params: SamplingParams, return_logprob: bool = False
     ) -> Completion:
         """Generate one continuation of a token-id prompt."""
-        payload: dict[str, Any] = {
-            "input_ids": input_ids,
-            "sampling_params": params.model_dump(),
-            "return_logprob": return_logprob,
-        }
-        response = self._session.post(f"{self.base_url}/generate", json=payload, timeout=self.timeout_s)
-        response.raise_for_status()
-        return parse_completion(response.json())
+        return parse_completion(self._post_generate(input_ids, params, return_logprob))
 
     def generate_batch(
         self, input_ids: list[list[int]], params: SamplingParams, return_logprob: bool = False
     ) -> list[Completion]:
         """Generate continuations of several prompts in one request (SGLang batches them)."""
+        return [parse_completion(item) for item in self._post_generate(input_ids, params, return_logprob)]
+
+    def _post_generate(self, input_ids: list[int] | list[list[int]], params: SamplingParams, return_logprob: bool):
         payload: dict[str, Any] = {
             "input_ids": input_ids,
             "sampling_params": params.model_dump(),
@@ -66,7 +62,7 @@ class RolloutClient:
         }
         response = self._session.post(f"{self.base_url}/generate", json=payload, timeout=self.timeout_s)
         response.raise_for_status()
-        return [parse_completion(item) for item in response.json()]
+        return response.json()
 
 
 def parse_completion(item: dict[str, Any]) -> Completion:

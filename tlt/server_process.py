@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from tlt.rollout_client import RolloutClient
 
@@ -51,7 +52,7 @@ class RolloutServerProcess:
     def client(self, timeout_s: float = 600.0) -> RolloutClient:
         return RolloutClient(self.url, timeout_s=timeout_s)
 
-    def start(self, timeout_s: float = 300.0) -> RolloutServerProcess:
+    def start(self, timeout_s: float = 300.0) -> Self:
         """Launch and wait until /health answers; raises ServerStartError with the log's tail."""
         command = [sys.executable, "-m", "rollout_server", "--model-path", str(self.model_path)]
         command += ["--port", str(self.port), *self.args]
@@ -100,7 +101,7 @@ class RolloutServerProcess:
             return ""
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def __enter__(self) -> RolloutServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
