@@ -1,0 +1,1 @@
+"""The EAGLE drafter: model, training data packing, loss and offline acceptance measurement."""
