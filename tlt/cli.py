@@ -24,6 +24,8 @@ from tlt.paths import BUNDLED_MODEL
 from tlt.stats import RolloutSummary
 
 app = typer.Typer(help="TLT: fast RL rollouts with adaptive speculative decoding.", no_args_is_help=True)
+drafter_app = typer.Typer(help="The EAGLE drafter.", no_args_is_help=True)
+app.add_typer(drafter_app, name="drafter")
 console = Console()
 
 
@@ -156,6 +158,74 @@ def run(
     (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
     console.print(_summary_table(f"{prompts} problems x {samples} samples, T={temperature} (lengths in tokens)", summary))
     console.print(f"{elapsed:.1f}s, {record['tokens_per_s']:.0f} tok/s; records in {run_dir}")
+
+
+@drafter_app.command("train")
+def drafter_train(
+    model: Annotated[Path, typer.Option(help="the policy (HF checkpoint)")] = BUNDLED_MODEL,
+    out: Annotated[Path, typer.Option(help="where the SGLang EAGLE draft and history.json go")] = Path("runs/drafter"),
+    problems: Annotated[int, typer.Option(min=1, max=100_000, help="training problems")] = 800,
+    samples: Annotated[int, typer.Option(min=1, max=64, help="policy samples per training problem")] = 2,
+    eval_problems: Annotated[int, typer.Option(min=1, max=10_000, help="held-out problems for acceptance")] = 40,
+    epochs: Annotated[int, typer.Option(min=1, max=1000)] = 12,
+    temperature: Annotated[float, typer.Option(min=0.0, help="sampling temperature of the training data")] = 1.0,
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=32768)] = 600,
+    draft_steps: Annotated[int, typer.Option(min=1, max=16, help="chain length of the accept-length figure")] = 4,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """Train an EAGLE drafter offline on the policy's own generations (rolled out by a rollout
+    server); report the accept length of `draft_steps`-token chains after every epoch."""
+    from transformers import AutoTokenizer
+
+    from tlt.drafter.offline import OfflineDrafterJob, train_offline
+    from tlt.drafter.training import DrafterTrainingConfig, PolicySequence
+    from tlt.evaluation import rollout_with_server
+    from tlt.models.tiny import TinyModelSpec
+    from tlt.rollout_client import SamplingParams
+    from tlt.server_process import RolloutServerProcess
+
+    spec_path = model / "tlt_spec.json"
+    spec = TinyModelSpec.model_validate_json(spec_path.read_text()) if spec_path.exists() else TinyModelSpec()
+    train_problems = spec.task().sample(problems, seed=seed, split="train")
+    test_problems = spec.task().sample(eval_problems, seed=seed + 1, split="test")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    out.mkdir(parents=True, exist_ok=True)
+    with console.status("starting the rollout server"):
+        server = RolloutServerProcess(model, out / "rollout_server.log", args=["--random-seed", str(seed)]).start()
+    try:
+        with _progress() as progress:
+            task = progress.add_task("policy samples", total=problems * samples + eval_problems, info="")
+            _, train_rollouts = rollout_with_server(
+                server.client(), tokenizer, train_problems, samples,
+                SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature),
+                on_done=lambda r: progress.advance(task),
+            )
+            _, eval_rollouts = rollout_with_server(
+                server.client(), tokenizer, test_problems, 1,
+                SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0),
+                on_done=lambda r: progress.advance(task),
+            )
+    finally:
+        server.stop()
+
+    def as_sequences(rollouts) -> list[PolicySequence]:
+        return [PolicySequence(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in rollouts]
+
+    job = OfflineDrafterJob(training=DrafterTrainingConfig(epochs=epochs, seed=seed), draft_steps=draft_steps)
+    with _progress() as progress:
+        task = progress.add_task("training the drafter", total=None, info="")
+
+        def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
+            progress.update(task, completed=step, total=total, info=f"loss {metrics['loss']:.3f} top1 {metrics['top1']:.1%}")
+
+        history = train_offline(model, as_sequences(train_rollouts), as_sequences(eval_rollouts), job, out, on_step)
+    table = Table(title=f"drafter for {model.name}: accept length of {draft_steps}-token chains (greedy, held-out)")
+    for column in ("epoch", "loss", "top-1", "accept length"):
+        table.add_column(column, justify="right")
+    for record in history:
+        table.add_row(str(record.epoch), f"{record.loss:.3f}", f"{record.top1:.1%}", f"{record.accept_length:.2f}")
+    console.print(table)
+    console.print(f"SGLang EAGLE draft and history.json in {out}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ class Rollout(BaseModel):
     a: int
     b: int
     sample: int
+    prompt_ids: list[int]
+    output_ids: list[int]
     response: str
     length: int
     reward: float
@@ -34,7 +36,11 @@ def response_length(output_ids: Sequence[int], eos_token_id: int) -> int:
 
 
 def grade(
-    problem: GcdProblem, sample: int, output_ids: list[int], tokenizer: PreTrainedTokenizerBase,
+    problem: GcdProblem,
+    sample: int,
+    prompt_ids: list[int],
+    output_ids: list[int],
+    tokenizer: PreTrainedTokenizerBase,
     finish_reason: str | None = None,
 ) -> Rollout:
     """A `Rollout` from raw output ids."""
@@ -43,6 +49,8 @@ def grade(
         a=problem.a,
         b=problem.b,
         sample=sample,
+        prompt_ids=prompt_ids,
+        output_ids=output_ids,
         response=text,
         length=response_length(output_ids, tokenizer.eos_token_id),
         reward=problem.reward(text),
@@ -63,7 +71,7 @@ def evaluate_with_hf(
     outputs = greedy_generate(
         model, prompts, max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, on_batch=on_progress
     )
-    rollouts = [grade(p, 0, out, tokenizer) for p, out in zip(problems, outputs)]
+    rollouts = [grade(p, 0, ids, out, tokenizer) for p, ids, out in zip(problems, prompts, outputs)]
     return summarize([r.length for r in rollouts], [r.reward for r in rollouts]), rollouts
 
 
@@ -81,13 +89,14 @@ def rollout_with_server(
     jobs = [(p, s) for p in problems for s in range(samples_per_problem)]
     rollouts: list[Rollout] = []
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = {
-            pool.submit(client.generate, tokenizer(p.prompt).input_ids, params): (p, s) for p, s in jobs
-        }
+        prompt_ids = {p: tokenizer(p.prompt).input_ids for p in problems}
+        futures = {pool.submit(client.generate, prompt_ids[p], params): (p, s) for p, s in jobs}
         for future in as_completed(futures):
             problem, sample = futures[future]
             completion = future.result()
-            rollout = grade(problem, sample, completion.output_ids, tokenizer, completion.finish_reason)
+            rollout = grade(
+                problem, sample, prompt_ids[problem], completion.output_ids, tokenizer, completion.finish_reason
+            )
             rollouts.append(rollout)
             if on_done is not None:
                 on_done(rollout)

@@ -129,8 +129,11 @@ def train_drafter(
     batches: Sequence[PackedBatch],
     config: DrafterTrainingConfig,
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
+    on_epoch: Callable[[int], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Train in place for `config.epochs` passes; returns per-step metrics (loss, top1, ...)."""
+    """Train in place for `config.epochs` passes; returns per-step metrics (loss, top1, ...).
+    `on_step(step, total, metrics)` after each step; `on_epoch(epoch)` after each pass, with the
+    drafter in eval mode."""
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = max(1, -(-len(batches) // config.rows_per_step))
@@ -139,7 +142,7 @@ def train_drafter(
     history: list[dict[str, float]] = []
     drafter.train()
     step = 0
-    for _ in range(config.epochs):
+    for epoch in range(1, config.epochs + 1):
         order = torch.randperm(len(batches), generator=generator).tolist()
         for start in range(0, len(order), config.rows_per_step):
             group = [batches[i] for i in order[start : start + config.rows_per_step]]
@@ -158,5 +161,9 @@ def train_drafter(
             history.append(metrics)
             if on_step is not None:
                 on_step(step, total, metrics)
+        if on_epoch is not None:
+            drafter.eval()
+            on_epoch(epoch)
+            drafter.train()
     drafter.eval()
     return history

@@ -1,0 +1,1 @@
+"""Adaptive speculative decoding: which speculation strategy to run at each batch size."""

@@ -1,0 +1,120 @@
+"""A bandit per batch-size bucket that picks the speculation strategy (an "arm") from measured
+throughput, so that speculation runs where it pays (the small-batch long tail) and not where it
+costs (large batches, where verification work crowds out useful decoding).
+
+Each bucket runs discounted UCB1: arm means and counts decay by `discount` at every update of
+their bucket, so the choice follows a drafter that improves (or a policy that drifts) during
+training. Rewards are accepted tokens per second, divided by the bucket's best mean so far to
+keep UCB's exploration bonus on a fixed scale.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, Field, field_validator
+
+
+class SpecArm(BaseModel, frozen=True):
+    """A speculation strategy the engine can switch to between decode steps (0 steps = off)."""
+
+    draft_steps: int = Field(ge=0, le=16)
+    topk: int = Field(1, ge=1, le=8)
+
+    @property
+    def speculative(self) -> bool:
+        return self.draft_steps > 0
+
+
+class BanditConfig(BaseModel):
+    """Buckets, arms and learning rate of the controller; the defaults are the shipped ones."""
+
+    bucket_bounds: list[int] = Field(
+        default_factory=lambda: [2, 4, 8, 16, 32, 64],
+        description="upper bounds (exclusive) of the batch-size buckets; the last bucket is open",
+    )
+    arms: list[SpecArm] = Field(default_factory=lambda: [SpecArm(draft_steps=s) for s in (0, 1, 2, 3, 4)])
+    exploration: float = Field(0.1, ge=0, description="UCB exploration weight")
+    discount: float = Field(0.995, gt=0, le=1, description="per-update decay of a bucket's statistics")
+
+    @field_validator("bucket_bounds")
+    @classmethod
+    def _increasing(cls, bounds: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(bounds, bounds[1:])) or (bounds and bounds[0] < 1):
+            raise ValueError("bucket bounds must be positive and strictly increasing")
+        return bounds
+
+    @field_validator("arms")
+    @classmethod
+    def _distinct(cls, arms: list[SpecArm]) -> list[SpecArm]:
+        if not arms or len(set(arms)) != len(arms):
+            raise ValueError("arms must be a non-empty list of distinct strategies")
+        return arms
+
+
+@dataclass
+class _Bucket:
+    counts: list[float]
+    sums: list[float]
+    best_mean: float = 0.0
+    history: list[int] = field(default_factory=list)
+
+    def mean(self, arm: int) -> float:
+        return self.sums[arm] / self.counts[arm] if self.counts[arm] > 0 else 0.0
+
+
+class SpeculationBandit:
+    """Chooses an arm for the current running-batch size and learns from the measured rate."""
+
+    def __init__(self, config: BanditConfig | None = None) -> None:
+        self.config = config or BanditConfig()
+        n_arms = len(self.config.arms)
+        self._buckets = [_Bucket([0.0] * n_arms, [0.0] * n_arms) for _ in range(len(self.config.bucket_bounds) + 1)]
+
+    def bucket_of(self, batch_size: int) -> int:
+        """Index of the bucket holding `batch_size` (>= 1)."""
+        if batch_size < 1:
+            raise ValueError("batch size must be at least 1")
+        return bisect.bisect_right(self.config.bucket_bounds, batch_size)
+
+    def choose(self, batch_size: int) -> SpecArm:
+        """The arm to run next at this batch size: each arm once, then the best UCB score."""
+        bucket = self._buckets[self.bucket_of(batch_size)]
+        untried = [i for i, c in enumerate(bucket.counts) if c == 0]
+        if untried:
+            arm = untried[0]
+        else:
+            total = sum(bucket.counts)
+            scale = bucket.best_mean or 1.0
+
+            def score(i: int) -> float:
+                bonus = self.config.exploration * math.sqrt(2 * math.log(total) / bucket.counts[i])
+                return bucket.mean(i) / scale + bonus
+
+            arm = max(range(len(bucket.counts)), key=score)
+        return self.config.arms[arm]
+
+    def update(self, batch_size: int, arm: SpecArm, tokens: int, seconds: float) -> None:
+        """Record that `arm` produced `tokens` accepted tokens in `seconds` at this batch size."""
+        if seconds <= 0 or tokens < 0:
+            raise ValueError("need tokens >= 0 and seconds > 0")
+        bucket = self._buckets[self.bucket_of(batch_size)]
+        index = self.config.arms.index(arm)
+        gamma = self.config.discount
+        bucket.counts = [c * gamma for c in bucket.counts]
+        bucket.sums = [s * gamma for s in bucket.sums]
+        bucket.counts[index] += 1.0
+        bucket.sums[index] += tokens / seconds
+        bucket.best_mean = max(bucket.mean(i) for i in range(len(bucket.counts)))
+        bucket.history.append(index)
+
+    def preferred(self, batch_size: int) -> SpecArm:
+        """The arm with the best estimated rate at this batch size (no exploration)."""
+        bucket = self._buckets[self.bucket_of(batch_size)]
+        return self.config.arms[max(range(len(bucket.counts)), key=bucket.mean)]
+
+    def pulls(self, batch_size: int) -> list[int]:
+        """Arm indices chosen in this batch size's bucket, in order (for metrics and tests)."""
+        return list(self._buckets[self.bucket_of(batch_size)].history)
