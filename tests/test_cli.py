@@ -43,3 +43,21 @@ def test_run_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
     assert summary["summary"]["count"] == 18
     assert summary["summary"]["accuracy"] == pytest.approx(sum(r["reward"] for r in rollouts) / 18)
     assert (run_dir / "rollout_server.log").exists()
+
+
+@pytest.mark.slow
+def test_drafter_train_writes_an_sglang_draft_and_its_history(tmp_path: Path) -> None:
+    out = tmp_path / "drafter"
+    result = subprocess.run(
+        [*TLT, "drafter", "train", "--out", str(out), "--problems", "24", "--samples", "1",
+         "--eval-problems", "4", "--epochs", "2", "--max-new-tokens", "200"],
+        capture_output=True, text=True, check=False, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "accept length" in result.stdout
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLMEagle"]
+    assert (out / "model.safetensors").exists()
+    history = json.loads((out / "history.json").read_text())
+    assert [e["epoch"] for e in history["epochs"]] == [1, 2]
+    assert all(1.0 <= e["accept_length"] <= 5.0 for e in history["epochs"])

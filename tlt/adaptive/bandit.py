@@ -11,6 +11,7 @@ keep UCB's exploration bonus on a fixed scale.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -42,7 +43,7 @@ class BanditConfig(BaseModel):
     @field_validator("bucket_bounds")
     @classmethod
     def _increasing(cls, bounds: list[int]) -> list[int]:
-        if any(b <= a for a, b in zip(bounds, bounds[1:])) or (bounds and bounds[0] < 1):
+        if any(b <= a for a, b in itertools.pairwise(bounds)) or (bounds and bounds[0] < 1):
             raise ValueError("bucket bounds must be positive and strictly increasing")
         return bounds
 
