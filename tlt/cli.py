@@ -167,7 +167,7 @@ def drafter_train(
     problems: Annotated[int, typer.Option(min=1, max=100_000, help="training problems")] = 800,
     samples: Annotated[int, typer.Option(min=1, max=64, help="policy samples per training problem")] = 2,
     eval_problems: Annotated[int, typer.Option(min=1, max=10_000, help="held-out problems for acceptance")] = 40,
-    epochs: Annotated[int, typer.Option(min=1, max=1000)] = 12,
+    epochs: Annotated[int, typer.Option(min=1, max=1000)] = 40,
     temperature: Annotated[float, typer.Option(min=0.0, help="sampling temperature of the training data")] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=32768)] = 600,
     draft_steps: Annotated[int, typer.Option(min=1, max=16, help="chain length of the accept-length figure")] = 4,
