@@ -41,6 +41,8 @@ def test_run_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
     assert {(r["a"], r["b"]) for r in rollouts} and {r["sample"] for r in rollouts} == {0, 1, 2}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["summary"]["count"] == 18
+    assert 0.0 <= summary["tail_time_share"] < 1.0
+    assert all(r["finished_s"] > 0 for r in rollouts)
     assert summary["summary"]["accuracy"] == pytest.approx(sum(r["reward"] for r in rollouts) / 18)
     assert (run_dir / "rollout_server.log").exists()
 

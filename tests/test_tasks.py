@@ -49,3 +49,13 @@ def test_splits_are_disjoint_and_seeded() -> None:
 def test_solution_lengths_are_heavy_tailed() -> None:
     lengths = np.array([len(p.solution()) for p in GcdTask().sample(5000, seed=0)])
     assert np.percentile(lengths, 99) >= 4 * np.median(lengths)
+
+
+def test_tail_time_share() -> None:
+    from tlt.stats import tail_time_share
+
+    # 9 of 10 responses done at 1 s, the last at 10 s: 90% of the time is the tail.
+    assert tail_time_share([1.0] * 9 + [10.0]) == pytest.approx(0.9)
+    assert tail_time_share([1.0, 2.0, 3.0, 4.0], done_fraction=0.5) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        tail_time_share([])

@@ -21,7 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tlt.paths import BUNDLED_MODEL
-from tlt.stats import RolloutSummary
+from tlt.stats import RolloutSummary, tail_time_share
 
 app = typer.Typer(help="TLT: fast RL rollouts with adaptive speculative decoding.", no_args_is_help=True)
 drafter_app = typer.Typer(help="The EAGLE drafter.", no_args_is_help=True)
@@ -154,10 +154,19 @@ def run(
     with (run_dir / "rollouts.jsonl").open("w") as out:
         for rollout in rollouts:
             out.write(rollout.model_dump_json() + "\n")
-    record = {"summary": summary.model_dump(), "seconds": elapsed, "tokens_per_s": sum(r.length for r in rollouts) / elapsed}
+    tail_share = tail_time_share([r.finished_s for r in rollouts if r.finished_s is not None])
+    record = {
+        "summary": summary.model_dump(),
+        "seconds": elapsed,
+        "tokens_per_s": sum(r.length for r in rollouts) / elapsed,
+        "tail_time_share": tail_share,
+    }
     (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
     console.print(_summary_table(f"{prompts} problems x {samples} samples, T={temperature} (lengths in tokens)", summary))
-    console.print(f"{elapsed:.1f}s, {record['tokens_per_s']:.0f} tok/s; records in {run_dir}")
+    console.print(
+        f"{elapsed:.1f}s, {record['tokens_per_s']:.0f} tok/s; the last 10% of responses took "
+        f"{tail_share:.0%} of the time (the long tail); records in {run_dir}"
+    )
 
 
 @drafter_app.command("train")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -28,6 +29,7 @@ class Rollout(BaseModel):
     length: int
     reward: float
     finish_reason: str | None = None
+    finished_s: float | None = None  # seconds from the start of the batch (server rollouts)
 
 
 def response_length(output_ids: Sequence[int], eos_token_id: int) -> int:
@@ -81,14 +83,16 @@ def rollout_with_server(
     problems: Sequence[GcdProblem],
     samples_per_problem: int,
     params: SamplingParams,
-    concurrency: int = 64,
+    max_in_flight: int = 1024,
     on_done: Callable[[Rollout], None] | None = None,
 ) -> tuple[RolloutSummary, list[Rollout]]:
-    """`samples_per_problem` responses per problem from a rollout server, requests in flight
-    concurrently so the server's continuous batching sees the whole group."""
+    """`samples_per_problem` responses per problem from a rollout server. The whole batch is in
+    flight at once (up to `max_in_flight`), as an RL step sends it, so the server's running batch
+    shrinks as responses finish and the long tail shows."""
     jobs = [(p, s) for p in problems for s in range(samples_per_problem)]
     rollouts: list[Rollout] = []
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=min(len(jobs), max_in_flight)) as pool:
         prompt_ids = {p: tokenizer(p.prompt).input_ids for p in problems}
         futures = {pool.submit(client.generate, prompt_ids[p], params): (p, s) for p, s in jobs}
         for future in as_completed(futures):
@@ -97,6 +101,7 @@ def rollout_with_server(
             rollout = grade(
                 problem, sample, prompt_ids[problem], completion.output_ids, tokenizer, completion.finish_reason
             )
+            rollout.finished_s = time.monotonic() - started
             rollouts.append(rollout)
             if on_done is not None:
                 on_done(rollout)

@@ -39,3 +39,14 @@ def summarize(lengths: Sequence[int], rewards: Sequence[float]) -> RolloutSummar
         max=int(arr.max()),
         mean=float(arr.mean()),
     )
+
+
+def tail_time_share(finish_times: Sequence[float], done_fraction: float = 0.9) -> float:
+    """Share of a batch's wall time spent after `done_fraction` of its responses had finished:
+    the long tail TLT speculates through."""
+    if not finish_times or not 0 < done_fraction < 1:
+        raise ValueError("need finish times and 0 < done_fraction < 1")
+    ordered = sorted(finish_times)
+    makespan = ordered[-1]
+    at_fraction = ordered[max(0, int(np.ceil(done_fraction * len(ordered))) - 1)]
+    return (makespan - at_fraction) / makespan if makespan > 0 else 0.0
