@@ -36,12 +36,12 @@ def test_pretraining_is_deterministic_and_saves_an_hf_checkpoint(tmp_path: Path)
     assert _digest(tmp_path / "c") != _digest(tmp_path / "a")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a", dtype=torch.float32)
     assert reloaded.config.tie_word_embeddings is False
-    assert TinyModelSpec.model_validate_json((tmp_path / "a" / "tlt_spec.json").read_text()) == spec
+    assert TinyModelSpec.of_checkpoint(tmp_path / "a") == spec
 
 
 @pytest.mark.slow
 def test_bundled_model_leaves_room_for_rl_and_shows_the_long_tail(tiny_model: Path) -> None:
-    spec = TinyModelSpec.model_validate_json((tiny_model / "tlt_spec.json").read_text())
+    spec = TinyModelSpec.of_checkpoint(tiny_model)
     problems = spec.task().sample(300, seed=1, split="test")
     summary, _ = evaluate_with_hf(tiny_model, problems, max_new_tokens=1000)
     assert 0.2 <= summary.accuracy <= 0.7, summary

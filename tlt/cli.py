@@ -90,8 +90,7 @@ def model_stats(
     from tlt.evaluation import evaluate_with_hf
     from tlt.models.tiny import TinyModelSpec
 
-    spec_path = model / "tlt_spec.json"
-    spec = TinyModelSpec.model_validate_json(spec_path.read_text()) if spec_path.exists() else TinyModelSpec()
+    spec = TinyModelSpec.of_checkpoint(model)
     test = spec.task().sample(problems, seed=seed, split="test")
     with _progress() as progress:
         task = progress.add_task("generating", total=len(test), info="greedy, HF transformers")
@@ -124,8 +123,7 @@ def run(
         make_tiny_model(out=model, eval_problems=0)
     run_dir = runs_dir / f"rollout-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = model / "tlt_spec.json"
-    spec = TinyModelSpec.model_validate_json(spec_path.read_text()) if spec_path.exists() else TinyModelSpec()
+    spec = TinyModelSpec.of_checkpoint(model)
     problems = spec.task().sample(prompts, seed=seed, split="test")
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature)
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -193,8 +191,7 @@ def drafter_train(
     from tlt.rollout_client import SamplingParams
     from tlt.server_process import RolloutServerProcess
 
-    spec_path = model / "tlt_spec.json"
-    spec = TinyModelSpec.model_validate_json(spec_path.read_text()) if spec_path.exists() else TinyModelSpec()
+    spec = TinyModelSpec.of_checkpoint(model)
     train_problems = spec.task().sample(problems, seed=seed, split="train")
     test_problems = spec.task().sample(eval_problems, seed=seed + 1, split="test")
     tokenizer = AutoTokenizer.from_pretrained(model)

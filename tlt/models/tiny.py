@@ -4,6 +4,7 @@ next-token prediction on worked solutions of a task, saved in HF format for tran
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from tlt.models.tokenizer import build_char_tokenizer, save_tokenizer
 from tlt.tasks import GcdProblem, GcdTask
 
 IGNORE = -100
+SPEC_FILE = "tlt_spec.json"
 
 
 class TinyModelSpec(BaseModel):
@@ -37,6 +39,12 @@ class TinyModelSpec(BaseModel):
 
     def task(self) -> GcdTask:
         return GcdTask(max_value=self.max_value)
+
+    @classmethod
+    def of_checkpoint(cls, model_dir: Path) -> TinyModelSpec:
+        """The spec saved beside a checkpoint, or the default one (for checkpoints made elsewhere)."""
+        path = model_dir / SPEC_FILE
+        return cls.model_validate_json(path.read_text()) if path.exists() else cls()
 
 
 def qwen2_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast) -> Qwen2Config:
@@ -133,8 +141,6 @@ def pretrain(
 
 def _lr_factor(step: int, spec: TinyModelSpec) -> float:
     """Linear warm-up, then cosine decay to 10%."""
-    import math
-
     if step < spec.warmup_steps:
         return (step + 1) / spec.warmup_steps
     frac = (step - spec.warmup_steps) / max(1, spec.steps - spec.warmup_steps)
@@ -146,4 +152,4 @@ def save_model(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, spec
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     save_tokenizer(tokenizer, out)
-    (out / "tlt_spec.json").write_text(spec.model_dump_json(indent=2) + "\n")
+    (out / SPEC_FILE).write_text(spec.model_dump_json(indent=2) + "\n")
