@@ -33,6 +33,7 @@ def serve(settings: RolloutServerSettings) -> None:
     if settings.resolved_device() == "cpu":
         speculative = any(arg.startswith("--speculative-algorithm") for arg in settings.sglang_args)
         if speculative and not cpu.real_sgl_kernel_installed():
+            # The tree ops exist (cpu/ops.py); the verify attention ops of the CPU backend do not yet.
             sys.exit("rollout_server: speculative decoding is not available on the CPU engine yet")
         cpu.activate_in_this_process()
     # SGLang reads its environment at import time: import it only now.

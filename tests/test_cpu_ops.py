@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -116,6 +120,31 @@ def test_copy_all_layer_kv_cache_copies_rows_in_every_buffer() -> None:
         assert torch.equal(e, b)
 
 
-def test_tree_ops_say_clearly_that_speculation_is_unavailable() -> None:
-    with pytest.raises(NotImplementedError, match="speculative"):
-        ops.build_tree_kernel_efficient_cpu()
+@pytest.mark.slow
+def test_eagle_tree_ops_match_sglangs_triton_kernels() -> None:
+    """build_tree / verify_tree_greedy against SGLang's own Triton kernels, run by Triton's
+    interpreter on the CPU (in a subprocess: the interpreter is chosen when Triton is imported)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop("SGLANG_USE_CPU_ENGINE", None)  # import SGLang's kernels, not the CPU stand-ins
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.tree_ops_vs_triton"], capture_output=True, text=True, env=env,
+        check=False, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "80 cases identical" in result.stdout
+
+
+def test_build_tree_on_a_chain() -> None:
+    """topk 1, 3 drafts in a chain: each token sees the root and its ancestors; positions count up."""
+    n = 4
+    parents = torch.tensor([[-1, 0, 1]])  # parent_list entries: the selected index of each level's parent
+    selected = torch.tensor([[0, 1, 2]])
+    mask = torch.ones(n * n, dtype=torch.bool)
+    positions = torch.zeros(n, dtype=torch.long)
+    index, next_token, next_sibling = torch.full((3, 1, n), -1, dtype=torch.long)
+    ops.build_tree_kernel_efficient_cpu(
+        parents, selected, torch.tensor([5]), mask, positions, index, next_token, next_sibling, 1, 3, n, ops.QLEN_ONLY
+    )
+    assert mask.view(n, n).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    assert positions.tolist() == [5, 6, 7, 8]
+    assert next_token.tolist() == [[1, 2, 3, -1]] and (next_sibling == -1).all()

@@ -1,4 +1,5 @@
-"""Pure-PyTorch versions of the `sgl_kernel` CPU index ops that SGLang's CPU path calls.
+"""Pure-PyTorch versions of the `sgl_kernel` CPU index and EAGLE-tree ops that SGLang's CPU path
+calls.
 
 SGLang's CPU engine imports these from `sgl_kernel`, whose PyPI wheels hold only CUDA code. Each
 function keeps the argument order and in-place contract of the C++ op it stands in for (see the
@@ -142,18 +143,128 @@ def rotate_input_ids_cpu(
         input_ids[last] = new_tokens[i]
 
 
-def _speculative_tree_op_unavailable(name: str):
-    def op(*args, **kwargs):
-        raise NotImplementedError(
-            f"sgl_kernel.{name}: EAGLE tree building/verification is not available on the CPU "
-            "engine yet; run without --speculative-algorithm"
-        )
-
-    op.__name__ = name
-    return op
+FULL_MASK, QLEN_ONLY = 0, 1  # sglang TreeMaskMode values this op writes
 
 
-# SGLang imports these at start-up even with speculative decoding off; they run only with EAGLE,
-# which the CPU launcher refuses until the tree ops exist (rollout_server.launch).
-build_tree_kernel_efficient_cpu = _speculative_tree_op_unavailable("build_tree_kernel_efficient_cpu")
-verify_tree_greedy_cpu = _speculative_tree_op_unavailable("verify_tree_greedy_cpu")
+def _parent_slot(draft_slot: int, selected: list[int], parents: list[int], slots: dict[int, int], topk: int):
+    """Slot (0-based among the drafts) of a draft's parent: None when the parent is the root, -1 when
+    the parent is not among the selected drafts (its first occurrence in `slots` otherwise)."""
+    quotient = selected[draft_slot] // topk
+    if quotient == 0:
+        return None
+    return slots.get(parents[quotient], -1)
+
+
+def build_tree_kernel_efficient_cpu(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """Build each request's EAGLE draft tree from the drafter's top-scoring candidates.
+
+    `selected_index[b, i-1]` names draft token i (1 <= i < draft_token_num; token 0 is the verified
+    root); `selected_index // topk` indexes `parent_list[b]`, whose entry is the parent's own
+    selected index (its parent is the root when the quotient is 0). Writes, per request:
+    first-child / next-sibling links (`retrieve_next_token`, `retrieve_next_sibling`, pre-filled
+    with -1 by the caller), flat token ids (`retrieve_index`), each token's position (root at the
+    verified length, a child one deeper than its parent) and the tree-attention mask (each token sees
+    the root and its ancestors), either over the whole sequence (FULL_MASK) or over the draft
+    tokens only (QLEN_ONLY).
+    """
+    if tree_mask_mode not in (FULL_MASK, QLEN_ONLY):
+        raise NotImplementedError(f"tree mask mode {tree_mask_mode} (bit-packed) is not supported on the CPU")
+    n = draft_token_num
+    seq_lens = verified_seq_len.tolist()
+    prefix = 0
+    mask = tree_mask.view(-1)
+    flat_positions = positions.view(-1)
+    for b, seq_len in enumerate(seq_lens):
+        selected = selected_index[b].tolist()
+        parents = parent_list.reshape(len(seq_lens), -1)[b].tolist()
+        slots = {value: pos for pos, value in reversed(list(enumerate(selected[: n - 1])))}
+        flat_positions[b * n] = seq_len
+        for i in range(n - 1, 0, -1):
+            retrieve_index[b, i] = b * n + i
+            parent = _parent_slot(i - 1, selected, parents, slots, topk)
+            if parent == -1:
+                continue
+            parent_position = 0 if parent is None else parent + 1
+            first_child = int(retrieve_next_token[b, parent_position])
+            retrieve_next_token[b, parent_position] = i
+            if first_child != -1:
+                retrieve_next_sibling[b, i] = first_child
+        retrieve_index[b, 0] = b * n
+
+        for x in range(n):
+            if tree_mask_mode == FULL_MASK:
+                row = n * n * b + prefix * n + (seq_len + n) * x + seq_len
+            else:
+                row = n * n * b + n * x
+            mask[row] = True
+            mask[row + 1 : row + n] = False
+            if x == 0:
+                continue
+            current, depth_of_x = x - 1, 0
+            for _ in range(depth):
+                depth_of_x += 1
+                mask[row + 1 + current] = True
+                parent = _parent_slot(current, selected, parents, slots, topk)
+                if parent is None or parent == -1:
+                    break
+                current = parent
+            flat_positions[b * n + x] = depth_of_x + seq_len
+        prefix += seq_len
+
+
+def verify_tree_greedy_cpu(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    target_predict: torch.Tensor,
+) -> None:
+    """Greedy verification of each request's draft tree: from the root, descend to the child whose
+    draft token equals the target's greedy token at the current node, as long as one does.
+
+    Writes the accepted flat token ids (`accept_index[b, 0]` is the root), their count without the
+    root (`accept_token_num`), and at every accepted node (and the last one) the target's token in
+    `predicts`. Argument names keep the C++ schema's spelling.
+    """
+    num_draft = candidates.shape[1]
+    num_speculative = accept_index.shape[1]
+    targets = target_predict.reshape(-1)
+    for b in range(candidates.shape[0]):
+        last = int(retrive_index[b, 0])
+        accept_index[b, 0] = last
+        accepted, node = 0, 0
+        for _ in range(1, num_speculative):
+            node = int(retrive_next_token[b, node])
+            target = int(targets[last])
+            for _ in range(num_draft):
+                if node == -1:
+                    break
+                if int(candidates[b, node]) == target:
+                    predicts[last] = target
+                    accepted += 1
+                    last = int(retrive_index[b, node])
+                    accept_index[b, accepted] = last
+                    break
+                node = int(retrive_next_sibling[b, node])
+            else:
+                node = -1
+            if node == -1:
+                break
+        accept_token_num[b] = accepted
+        predicts[last] = targets[last]

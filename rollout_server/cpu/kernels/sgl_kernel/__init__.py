@@ -1,8 +1,8 @@
 """Stand-in for the `sgl_kernel` package on machines where only its CUDA wheels exist.
 
 `rollout_server` puts the folder above this one on PYTHONPATH only when SGLang runs on the CPU and
-no real `sgl_kernel` is importable, so it never shadows the real kernels. It exposes the index ops
-of SGLang's non-AMX CPU path, written in PyTorch in `rollout_server.cpu.ops`.
+no real `sgl_kernel` is importable, so it never shadows the real kernels. It exposes the index and
+EAGLE-tree ops of SGLang's non-AMX CPU path, written in PyTorch in `rollout_server.cpu.ops`.
 """
 
 from rollout_server.cpu.ops import (
