@@ -63,3 +63,14 @@ def test_drafter_train_writes_an_sglang_draft_and_its_history(tmp_path: Path) ->
     history = json.loads((out / "history.json").read_text())
     assert [e["epoch"] for e in history["epochs"]] == [1, 2]
     assert all(1.0 <= e["accept_length"] <= 5.0 for e in history["epochs"])
+
+
+@pytest.mark.slow
+def test_a_server_that_cannot_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
+    from tlt.server_process import RolloutServerProcess, ServerStartError
+
+    (tmp_path / "config.json").write_text("{}")  # passes our check, but SGLang cannot load it
+    server = RolloutServerProcess(tmp_path, tmp_path / "server.log")
+    with pytest.raises(ServerStartError, match="exited"):
+        server.start(timeout_s=240)
+    assert server.process is None

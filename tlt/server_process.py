@@ -66,15 +66,23 @@ class RolloutServerProcess:
                 env={**os.environ, **(self.env or {})},
                 start_new_session=True,  # SGLang spawns workers: stop them as one group
             )
+        try:
+            self._wait_until_healthy(timeout_s)
+        except BaseException:  # Ctrl-C or a failed start: leave no server behind
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_healthy(self, timeout_s: float) -> None:
+        assert self.process is not None
         client = self.client()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerStartError(f"rollout server exited with {self.process.returncode}:\n{self.log_tail()}")
             if client.healthy():
-                return self
+                return
             time.sleep(0.5)
-        self.stop()
         raise ServerStartError(f"rollout server not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
 
     def alive(self) -> bool:
