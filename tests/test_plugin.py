@@ -1,0 +1,66 @@
+"""The SGLang plugin's parts that run without a server: CPU op registration, the CPU environment,
+and the prompt checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rollout_server import cpu
+from rollout_server.request_checks import check_prompt_ids
+
+_REGISTER = """
+import torch
+from rollout_server import plugin
+first, second = plugin.register_cpu_ops(), plugin.register_cpu_ops()
+assert first == list(plugin.CPU_OPS) and second == [], (first, second)
+table = torch.zeros(2, 6, dtype=torch.int32)
+torch.ops.sgl_kernel.assign_req_to_token_pool_cpu(
+    torch.tensor([1, 0]), table, torch.tensor([0, 2]), torch.tensor([3, 4]), torch.tensor([7, 8, 9, 5, 6]), 6
+)
+assert table.tolist() == [[0, 0, 5, 6, 0, 0], [7, 8, 9, 0, 0, 0]], table
+bonus = torch.zeros(2, dtype=torch.int64)
+torch.ops.sgl_kernel.fill_bonus_tokens_cpu(torch.tensor([[1, 2], [3, 4]]), torch.tensor([2, 1]), bonus, 2)
+assert bonus.tolist() == [2, 3]
+print("ok")
+"""
+
+
+def test_plugin_registers_the_cpu_ops_as_torch_operators_once() -> None:
+    # Operator registration is process-wide: run it in a fresh interpreter.
+    result = subprocess.run(
+        [sys.executable, "-c", _REGISTER], capture_output=True, text=True, check=False, timeout=300,
+        env={**os.environ, cpu.CPU_ENGINE_ENV: "1"},
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+def test_cpu_environment_adds_the_stand_in_once_and_only_without_a_real_sgl_kernel(monkeypatch) -> None:
+    env = cpu.cpu_environment({"PYTHONPATH": "/x"})
+    assert env[cpu.CPU_ENGINE_ENV] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/x", str(cpu.SHIM_DIR)]
+    assert cpu.cpu_environment(env)["PYTHONPATH"] == env["PYTHONPATH"]
+    monkeypatch.setattr(cpu, "real_sgl_kernel_installed", lambda: True)
+    assert cpu.cpu_environment({"PYTHONPATH": "/x"})["PYTHONPATH"] == "/x"
+
+
+def test_no_real_sgl_kernel_here_and_the_stand_in_is_not_mistaken_for_one() -> None:
+    sys.path.append(str(cpu.SHIM_DIR))
+    try:
+        assert not cpu.real_sgl_kernel_installed()
+    finally:
+        sys.path.remove(str(cpu.SHIM_DIR))
+
+
+@pytest.mark.parametrize("ids, message", [([], "empty"), ([1, 16], "out of the vocabulary"), ([-1], "out of")])
+def test_bad_prompts_are_rejected(ids, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_prompt_ids(ids, vocab_size=16)
+
+
+def test_good_prompts_and_embedding_inputs_pass() -> None:
+    check_prompt_ids([0, 15, 3], vocab_size=16)
+    check_prompt_ids(None, vocab_size=16)
