@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -52,17 +51,14 @@ def train_offline(
     """Train a fresh drafter epoch by epoch, measuring acceptance after each; write the SGLang
     EAGLE checkpoint and `history.json` to `out`."""
     torch.manual_seed(job.training.seed)
-    random.seed(job.training.seed)
     policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
     parts = PolicyParts(policy)
     batches = pack(train_sequences, [policy_features(policy, s.token_ids) for s in train_sequences], job.training.tokens_per_row)
     eval_features = [policy_features(policy, s.token_ids) for s in eval_sequences]
     drafter = EagleDrafter(policy.config)
     history: list[EpochRecord] = []
-    steps: list[dict[str, float]] = []
 
-    def record_epoch(epoch: int) -> None:
-        epoch_steps = steps[len(steps) - steps_per_epoch :]
+    def record_epoch(epoch: int, epoch_steps: list[dict[str, float]]) -> None:
         history.append(
             EpochRecord(
                 epoch=epoch,
@@ -74,13 +70,7 @@ def train_offline(
             )
         )
 
-    def record_step(step: int, total: int, metrics: dict[str, float]) -> None:
-        steps.append(metrics)
-        if on_step is not None:
-            on_step(step, total, metrics)
-
-    steps_per_epoch = max(1, -(-len(batches) // job.training.rows_per_step))
-    train_drafter(drafter, parts, batches, job.training, record_step, record_epoch)
+    train_drafter(drafter, parts, batches, job.training, on_step, record_epoch)
     export_sglang_checkpoint(drafter, out)
     (out / "history.json").write_text(
         json.dumps({"job": job.model_dump(), "epochs": [h.model_dump() for h in history]}, indent=2) + "\n"

@@ -129,11 +129,11 @@ def train_drafter(
     batches: Sequence[PackedBatch],
     config: DrafterTrainingConfig,
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
-    on_epoch: Callable[[int], None] | None = None,
+    on_epoch: Callable[[int, list[dict[str, float]]], None] | None = None,
 ) -> list[dict[str, float]]:
     """Train in place for `config.epochs` passes; returns per-step metrics (loss, top1, ...).
-    `on_step(step, total, metrics)` after each step; `on_epoch(epoch)` after each pass, with the
-    drafter in eval mode."""
+    `on_step(step, total, metrics)` after each step; `on_epoch(epoch, that epoch's step metrics)`
+    after each pass, with the drafter in eval mode."""
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     steps_per_epoch = max(1, -(-len(batches) // config.rows_per_step))
@@ -143,6 +143,7 @@ def train_drafter(
     drafter.train()
     step = 0
     for epoch in range(1, config.epochs + 1):
+        epoch_start = len(history)
         order = torch.randperm(len(batches), generator=generator).tolist()
         for start in range(0, len(order), config.rows_per_step):
             group = [batches[i] for i in order[start : start + config.rows_per_step]]
@@ -163,7 +164,7 @@ def train_drafter(
                 on_step(step, total, metrics)
         if on_epoch is not None:
             drafter.eval()
-            on_epoch(epoch)
+            on_epoch(epoch, history[epoch_start:])
             drafter.train()
     drafter.eval()
     return history
