@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
 from rollout_server import cpu
+from rollout_server.adaptive_policy import adaptive_config_file
 from tlt.settings import RolloutServerSettings
 
 
@@ -31,11 +35,9 @@ def _split_at_double_dash(argv: list[str]) -> tuple[list[str], bool, list[str]]:
 def serve(settings: RolloutServerSettings) -> None:
     """Run SGLang's HTTP server with these settings until it exits."""
     if settings.resolved_device() == "cpu":
-        speculative = any(arg.startswith("--speculative-algorithm") for arg in settings.sglang_args)
-        if speculative and not cpu.real_sgl_kernel_installed():
-            # The tree ops exist (cpu/ops.py); the verify attention ops of the CPU backend do not yet.
-            sys.exit("rollout_server: speculative decoding is not available on the CPU engine yet")
         cpu.activate_in_this_process()
+        # Read by torch when SGLang's scheduler process starts.
+        os.environ["OMP_NUM_THREADS"] = str(settings.cpu_threads)
     # SGLang reads its environment at import time: import it only now.
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
@@ -43,11 +45,16 @@ def serve(settings: RolloutServerSettings) -> None:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
-    server_args = prepare_server_args(settings.sglang_argv())
-    try:
-        run_server(server_args)
-    finally:
-        kill_process_tree(os.getpid(), include_parent=False)
+    with tempfile.TemporaryDirectory(prefix="tlt-rollout-") as scratch:
+        adaptive_config = None
+        if settings.speculative == "adaptive":
+            adaptive_config = Path(scratch) / "adaptive.json"
+            adaptive_config.write_text(json.dumps(adaptive_config_file(settings.bandit_config())))
+        server_args = prepare_server_args(settings.sglang_argv(adaptive_config))
+        try:
+            run_server(server_args)
+        finally:
+            kill_process_tree(os.getpid(), include_parent=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,10 +2,11 @@
 processes before it serves.
 
 On every device it rejects malformed prompts with HTTP 400 (`request_checks`) before they reach
-the scheduler. On the CPU engine it registers TLT's PyTorch versions of the `sgl_kernel` CPU ops as
+the scheduler, and puts TLT's bandit (`adaptive_policy`) in charge of adaptive speculation. On the CPU engine it registers TLT's PyTorch versions of the `sgl_kernel` CPU ops as
 `torch.ops.sgl_kernel.*` operators, so code that reaches them through `torch.ops` (rather than
-`from sgl_kernel import ...`, which the stand-in package answers) finds them too. An operator that
-a real `sgl_kernel` build already defines is left alone.
+`from sgl_kernel import ...`, which the stand-in package answers) finds them too, among them the
+three attention ops of the `intel_amx` backend, which it then keeps SGLang from replacing on CPUs
+without AMX. An operator that a real `sgl_kernel` build already defines is left alone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import logging
 import torch
 
 from rollout_server import cpu
-from rollout_server.cpu import ops
+from rollout_server.adaptive_policy import BanditSpecPolicy
+from rollout_server.cpu import attention, ops, sampling
 from rollout_server.request_checks import check_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -29,7 +31,20 @@ CPU_OPS: dict[str, tuple[object, tuple[str, ...]]] = {
     "fill_accept_out_cache_loc_cpu": (ops.fill_accept_out_cache_loc_cpu, ("accept_out_cache_loc",)),
     "copy_all_layer_kv_cache_cpu": (ops.copy_all_layer_kv_cache_cpu, ()),
     "rotate_input_ids_cpu": (ops.rotate_input_ids_cpu, ("input_ids",)),
+    "decode_attention_cpu": (attention.decode_attention_cpu, ("k_cache", "v_cache", "output")),
+    "extend_attention_cpu": (attention.extend_attention_cpu, ("o_extend",)),
+    "build_draft_decode_metadata_cpu": (attention.build_draft_decode_metadata_cpu, ()),
 }
+
+_ADAPTIVE_POLICY = "sglang.srt.speculative.eagle_worker_v2.AdaptiveSpeculativeParams"
+_VERIFY_USES_GREEDY = "sglang.srt.speculative.eagle_utils._verify_uses_greedy"
+# Names SGLang's EAGLE verification resolves per platform; None on the CPU.
+_SAMPLED_VERIFY_OPS = {
+    "tree_speculative_sampling_target_only": sampling.tree_speculative_sampling_target_only_cpu,
+    "top_k_renorm_prob": sampling.top_k_renorm_prob,
+    "top_p_renorm_prob": sampling.top_p_renorm_prob,
+}
+_AMX_FALLBACK_PASS = "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks"
 
 
 def _defined(name: str) -> bool:
@@ -47,6 +62,33 @@ def register_cpu_ops() -> list[str]:
     return defined
 
 
+def _keep_intel_amx_on_cpu(original_fn, view) -> dict:
+    """AROUND-hook on SGLang's platform-fallback pass, which swaps the `intel_amx` attention backend
+    for `torch_native` on CPUs without AMX. With TLT's PyTorch ops that backend runs on any CPU, and
+    it is SGLang's only CPU backend that can verify speculative drafts; every other fallback stays."""
+    if view.attention_backend == "intel_amx" and view.device == "cpu":
+        return {}
+    return original_fn(view)
+
+
+def install_sampled_verification() -> bool:
+    """Give SGLang's EAGLE verification on the CPU the sampling ops it lacks; returns whether all
+    of them are TLT's now (then the greedy fallback for sampled requests is lifted)."""
+    from sglang.srt.speculative import eagle_utils
+
+    for name, fn in _SAMPLED_VERIFY_OPS.items():
+        # Direct assignment: HookRegistry cannot patch a None (it would rebind every None it finds).
+        if getattr(eagle_utils, name) is None:
+            setattr(eagle_utils, name, fn)
+    return all(getattr(eagle_utils, name) is fn for name, fn in _SAMPLED_VERIFY_OPS.items())
+
+
+def _sampled_verify_on_cpu(original_fn, **kwargs) -> bool:
+    """AROUND-hook on `_verify_uses_greedy`: SGLang forces greedy verification on the CPU (no
+    kernel), which would make sampled rollouts argmax ones; with TLT's ops the CPU samples."""
+    return original_fn(**{**kwargs, "is_cpu": False})
+
+
 def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
     """BEFORE-hook on TokenizerManager._validate_one_request, whose ValueErrors become HTTP 400."""
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
@@ -61,6 +103,11 @@ def register() -> None:
         _validate_prompt,
         HookType.BEFORE,
     )
+    # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.
+    HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
     if cpu.cpu_engine_requested():
+        HookRegistry.register(_AMX_FALLBACK_PASS, _keep_intel_amx_on_cpu, HookType.AROUND)
+        if install_sampled_verification():
+            HookRegistry.register(_VERIFY_USES_GREEDY, _sampled_verify_on_cpu, HookType.AROUND)
         defined = register_cpu_ops()
         logger.info("TLT plugin: CPU engine; PyTorch sgl_kernel ops registered: %s", ", ".join(defined) or "none")

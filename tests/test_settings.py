@@ -23,7 +23,7 @@ def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
     argv = RolloutServerSettings(model_path=model_dir, device="cpu", port=1234).sglang_argv()
     joined = " ".join(argv)
     assert "--device cpu" in joined
-    assert "--attention-backend torch_native" in joined
+    assert "--attention-backend intel_amx" in joined
     assert "--sampling-backend pytorch" in joined
     assert "--dtype float32" in joined
     assert "--max-total-tokens 65536" in joined

@@ -3,3 +3,5 @@
 from pathlib import Path
 
 BUNDLED_MODEL = Path(__file__).parent / "assets" / "tiny-gcd"
+# EAGLE drafter of the bundled model, trained offline on its own samples (`tlt drafter train`).
+BUNDLED_DRAFTER = Path(__file__).parent / "assets" / "tiny-gcd-drafter"

@@ -10,7 +10,10 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tlt.adaptive.bandit import BanditConfig, SpecArm
+
 Device = Literal["auto", "cpu", "cuda"]
+Speculation = Literal["off", "always", "adaptive"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -60,6 +63,25 @@ class RolloutServerSettings(BaseSettings):
         description="send SGLang's English warm-up request at start (off: TLT's tiny models have a "
         "character vocabulary that maps it to an empty prompt)",
     )
+    speculative: Speculation = Field(
+        "off",
+        description="EAGLE speculative decoding: off; always (fixed draft steps/top-k); adaptive (TLT's "
+        "bandit picks 0..draft-steps per decode step from measured accepted tokens/s)",
+    )
+    draft_model_path: Path | None = Field(None, description="SGLang EAGLE draft checkpoint (needed with speculation)")
+    draft_steps: int = Field(4, ge=1, le=16, description="draft chain length; with adaptive, the longest arm")
+    draft_topk: int = Field(1, ge=1, le=8, description="draft tree branching (always only; adaptive uses chains)")
+    draft_tokens: int | None = Field(
+        None, ge=2, le=64, description="tokens verified per step; default draft-steps + 1 (the whole chain)"
+    )
+    enable_metrics: bool = Field(False, description="Prometheus metrics at /metrics (SGLang's and TLT's)")
+    cpu_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="torch threads of the CPU engine; 1 suits small models, whose ops are too small to "
+        "repay thread synchronisation",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("warning", description="SGLang log level")
     sglang_args: list[str] = Field(
         default_factory=list, description="extra SGLang flags (on the command line: after `--`)"
@@ -71,21 +93,42 @@ class RolloutServerSettings(BaseSettings):
             raise ValueError(f"model_path {self.model_path} has no config.json (expected an HF checkpoint)")
         return self
 
+    @model_validator(mode="after")
+    def _check_speculation(self) -> RolloutServerSettings:
+        if self.speculative == "off":
+            return self
+        if self.draft_model_path is None or not (self.draft_model_path / "config.json").is_file():
+            raise ValueError(f"speculative={self.speculative} needs draft_model_path with a config.json")
+        if self.speculative == "adaptive" and (self.draft_topk != 1 or self.draft_tokens not in (None, self.draft_steps + 1)):
+            raise ValueError("adaptive speculation switches chains: draft_topk must be 1 and draft_tokens unset")
+        if self.draft_topk > 1 and self.draft_tokens is None:
+            raise ValueError("a draft tree (draft_topk > 1) needs draft_tokens, the number of tokens to verify")
+        if self.draft_topk == 1 and self.draft_tokens not in (None, self.draft_steps + 1):
+            raise ValueError("a draft chain (draft_topk 1) verifies draft_steps + 1 tokens; leave draft_tokens unset")
+        return self
+
+    def bandit_config(self) -> BanditConfig:
+        """The adaptive policy's configuration: one arm per draft length 0..draft_steps."""
+        return BanditConfig(arms=[SpecArm(draft_steps=steps) for steps in range(self.draft_steps + 1)])
+
     def resolved_device(self) -> Literal["cpu", "cuda"]:
         """The device to run on, with `auto` decided by whether CUDA is usable."""
         if self.device == "auto":
             return "cuda" if cuda_available() else "cpu"
         return self.device
 
-    def sglang_argv(self) -> list[str]:
-        """The SGLang command line these settings stand for."""
+    def sglang_argv(self, adaptive_config_path: Path | None = None) -> list[str]:
+        """The SGLang command line these settings stand for; adaptive speculation needs the path of
+        its config file (content: `rollout_server.adaptive_policy.adaptive_config_file`)."""
         device = self.resolved_device()
         argv = ["--model-path", str(self.model_path), "--host", self.host, "--port", str(self.port)]
         argv += ["--device", device, "--log-level", self.log_level]
         dtype = self.dtype
         if device == "cpu":
-            # No AMX/CUDA kernels here: PyTorch attention and sampling, fp32 for exact HF parity.
-            argv += ["--attention-backend", "torch_native", "--sampling-backend", "pytorch"]
+            # intel_amx runs on TLT's PyTorch attention ops here (and is SGLang's only CPU backend
+            # with speculative verification); PyTorch sampling; fp32 for exact HF parity.
+            # No graphs to capture on the CPU (adaptive speculation would otherwise try, per arm).
+            argv += ["--attention-backend", "intel_amx", "--sampling-backend", "pytorch", "--disable-cuda-graph"]
             dtype = "float32" if dtype == "auto" else dtype
         argv += ["--dtype", dtype]
         max_total_tokens = self.max_total_tokens
@@ -107,4 +150,19 @@ class RolloutServerSettings(BaseSettings):
             argv.append("--sleep-on-idle")
         if not self.warmup:
             argv.append("--skip-server-warmup")
-        return argv + list(self.sglang_args)
+        if self.enable_metrics:
+            argv.append("--enable-metrics")
+        return argv + self._speculative_argv(adaptive_config_path) + list(self.sglang_args)
+
+    def _speculative_argv(self, adaptive_config_path: Path | None) -> list[str]:
+        if self.speculative == "off":
+            return []
+        tokens = self.draft_tokens or self.draft_steps + 1
+        argv = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(self.draft_model_path)]
+        argv += ["--speculative-num-steps", str(self.draft_steps), "--speculative-eagle-topk", str(self.draft_topk)]
+        argv += ["--speculative-num-draft-tokens", str(tokens)]
+        if self.speculative == "adaptive":
+            if adaptive_config_path is None:
+                raise ValueError("adaptive speculation needs the path of its config file")
+            argv += ["--speculative-adaptive", "--speculative-adaptive-config", str(adaptive_config_path)]
+        return argv

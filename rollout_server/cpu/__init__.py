@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
+# SGLang's EAGLE path wraps small tensor helpers in torch.compile; on the CPU, Inductor spends ~20 s
+# compiling C++ on the first speculative request (and needs a compiler at all) to save microseconds.
+DYNAMO_DISABLE_ENV = "TORCHDYNAMO_DISABLE"
 SHIM_DIR = Path(__file__).with_name("kernels")
 
 
@@ -27,10 +30,12 @@ def real_sgl_kernel_installed() -> bool:
 
 
 def cpu_environment(environ: dict[str, str]) -> dict[str, str]:
-    """The environment for SGLang's CPU engine: the engine switch, and our `sgl_kernel` stand-in on
-    PYTHONPATH (inherited by SGLang's spawned scheduler processes) unless a real one is installed."""
+    """The environment for SGLang's CPU engine: the engine switch, torch.compile off (unless the
+    caller set it), and our `sgl_kernel` stand-in on PYTHONPATH (inherited by SGLang's spawned
+    scheduler processes) unless a real one is installed."""
     env = dict(environ)
     env[CPU_ENGINE_ENV] = "1"
+    env.setdefault(DYNAMO_DISABLE_ENV, "1")
     if not real_sgl_kernel_installed():
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(SHIM_DIR) not in paths:

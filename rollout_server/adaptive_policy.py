@@ -1,0 +1,140 @@
+"""TLT's speculation policy inside SGLang: the bandit of `tlt.adaptive` behind the policy interface
+of SGLang's adaptive EAGLE worker (`--speculative-adaptive`).
+
+SGLang's adaptive worker already holds one runtime state per draft length (0 = speculation off,
+the target verifies one token and the drafter's KV cache stays warm) and switches between them
+between decode steps, asking its policy `get_steps_for_batch(batch_size)` before each step and
+reporting `on_verify_complete(...)` after it. Its stock policy follows an average of accepted
+lengths; ours picks the draft length with the best measured accepted tokens per second per
+batch-size bucket, which is what makes speculation turn off for large batches and on in the tail.
+
+The plugin installs `BanditSpecPolicy` in place of SGLang's `AdaptiveSpeculativeParams` (same
+constructor). Its configuration travels in SGLang's adaptive config file, under the key `tlt`
+(SGLang reads only the batch-size keys of that file, from which it sizes its buffers).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from tlt.adaptive.bandit import BanditConfig, SpecArm, SpeculationBandit
+
+logger = logging.getLogger(__name__)
+
+CONFIG_KEY = "tlt"
+# A gap this long between two verify reports is idle time, not a decode step.
+MAX_STEP_SECONDS = 2.0
+
+
+def adaptive_config_file(bandit: BanditConfig) -> dict[str, Any]:
+    """The content of SGLang's `--speculative-adaptive-config` file for this bandit: one
+    batch-size entry whose candidate steps are the arms (what SGLang builds runtime states and sizes
+    buffers for) and the bandit's own configuration under `tlt`."""
+    steps = sorted({arm.draft_steps for arm in bandit.arms})
+    return {"1": {"candidate_steps": steps}, CONFIG_KEY: bandit.model_dump(mode="json")}
+
+
+class SpecMetrics:
+    """Prometheus metrics of the policy; exported by SGLang's /metrics with `--enable-metrics`.
+
+    Created in the scheduler process, after SGLang has set PROMETHEUS_MULTIPROC_DIR, so that the
+    values reach the HTTP process that serves /metrics.
+    """
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
+
+        self.enabled = Gauge("tlt_sd_enabled", "1 while the running batch decodes speculatively", multiprocess_mode="mostrecent")
+        self.draft_steps = Gauge(
+            "tlt_sd_draft_steps", "draft steps chosen for the running batch (0 = off)", multiprocess_mode="mostrecent"
+        )
+        self.batch_size = Gauge("tlt_sd_batch_size", "size of the running decode batch", multiprocess_mode="mostrecent")
+        self.choices = Counter(
+            "tlt_sd_choices", "decode steps run per batch-size bucket and chosen arm", ["bucket", "draft_steps"]
+        )
+        self.accept_length = Histogram(
+            "tlt_sd_accept_length",
+            "tokens committed per request per speculative step (accepted drafts + 1)",
+            buckets=[1, 2, 3, 4, 5, 6, 8, 12, 17],
+        )
+
+
+class BanditSpecPolicy:
+    """SGLang's adaptive policy interface (`AdaptiveSpecPolicy`) backed by `SpeculationBandit`."""
+
+    def __init__(self, initial_steps: int, cfg_path: str | None = None) -> None:
+        config = BanditConfig()
+        if cfg_path is not None:
+            config = BanditConfig.model_validate(json.loads(Path(cfg_path).read_text())[CONFIG_KEY])
+        if any(arm.topk != 1 for arm in config.arms):
+            raise ValueError("SGLang's adaptive worker switches chains only: every arm needs topk 1")
+        self.bandit = SpeculationBandit(config)
+        self._arms = {arm.draft_steps: arm for arm in config.arms}
+        # (batch size, arm) of the steps launched and not yet reported: SGLang's overlapped scheduler
+        # reports a step after it has launched the next one.
+        self._pending: deque[tuple[int, SpecArm]] = deque(maxlen=8)
+        self._last_report: float | None = None
+        self.metrics: SpecMetrics | None = None
+        try:
+            self.metrics = SpecMetrics()
+        except ValueError:  # already registered in this process (a second worker); keep serving
+            logger.warning("TLT speculation metrics already registered in this process")
+        logger.info("TLT bandit policy: arms %s, initial steps %d", sorted(self._arms), initial_steps)
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        """Draft lengths SGLang must build runtime states for."""
+        return sorted(self._arms)
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        """Every arm is available at every batch size; graph sizes do not restrict the choice."""
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        """No per-step pruning of CUDA-graph batch sizes (None = SGLang keeps its own list)."""
+        return None
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        """The draft length of the next decode step of a batch of this size."""
+        arm = self.bandit.choose(max(batch_size, 1))
+        self._pending.append((max(batch_size, 1), arm))
+        if self.metrics is not None:
+            self.metrics.enabled.set(int(arm.speculative))
+            self.metrics.draft_steps.set(arm.draft_steps)
+            self.metrics.batch_size.set(batch_size)
+            bucket = str(self.bandit.bucket_of(max(batch_size, 1)))
+            self.metrics.choices.labels(bucket=bucket, draft_steps=str(arm.draft_steps)).inc()
+        return arm.draft_steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
+        """Credit the arm of the finished step with its committed tokens per second.
+
+        The time is the interval since the previous report: with SGLang's overlapped scheduler that
+        is the steady-state cost of one step, including drafting, verification and scheduling.
+        Returns None: the next step's arm is chosen by `get_steps_for_batch`.
+        """
+        now = time.perf_counter()
+        previous, self._last_report = self._last_report, now
+        step = self._pop_step(batch_size)
+        if step is None or not num_correct_drafts_per_req:
+            return None
+        chosen_batch, arm = step
+        tokens = sum(n + 1 for n in num_correct_drafts_per_req)
+        if self.metrics is not None and arm.speculative:
+            for n in num_correct_drafts_per_req:
+                self.metrics.accept_length.observe(n + 1)
+        if previous is not None and 0 < now - previous <= MAX_STEP_SECONDS:
+            self.bandit.update(chosen_batch, arm, tokens, now - previous)
+        return None
+
+    def _pop_step(self, batch_size: int) -> tuple[int, SpecArm] | None:
+        """The oldest launched step of this batch size; older unmatched ones are dropped."""
+        while self._pending:
+            step = self._pending.popleft()
+            if step[0] == max(batch_size, 1):
+                return step
+        return None
