@@ -1,0 +1,178 @@
+"""Speculative decoding in real rollout servers on the CPU, with the bundled model and drafter.
+
+Lossless means: greedy outputs equal HF `generate` (and so SD off) for every strategy and batch
+size, also when the adaptive policy switches speculation on and off mid-generation; sampled outputs
+follow the policy's distribution (chi-square against probabilities computed with HF), a test that
+the same server fails when its acceptance rule is biased; returned logprobs are the policy's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tlt.models.hf_generate import greedy_generate
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.rollout_client import SamplingParams
+from tlt.server_process import RolloutServerProcess
+from tlt.tasks import GcdTask
+
+pytestmark = pytest.mark.slow
+
+MAX_NEW_TOKENS = 200
+DRAFTER = ["--draft-model-path", str(BUNDLED_DRAFTER), "--random-seed", "0"]
+STRATEGIES = {
+    "chain-3": ["--speculative", "always", "--draft-steps", "3", *DRAFTER],
+    "tree-3x2": ["--speculative", "always", "--draft-steps", "3", "--draft-topk", "2", "--draft-tokens", "6", *DRAFTER],
+    "adaptive": ["--speculative", "adaptive", "--enable-metrics", *DRAFTER],
+}
+
+
+@cache
+def _hf():
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    return model, tokenizer
+
+
+@cache
+def _greedy_reference() -> tuple[list[list[int]], list[list[int]]]:
+    """32 held-out prompts and HF's greedy continuations of them."""
+    model, tokenizer = _hf()
+    prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(32, seed=3, split="test")]
+    outputs = greedy_generate(model, prompts, MAX_NEW_TOKENS, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return prompts, [list(o) for o in outputs]
+
+
+def _server(name: str, args: list[str], tmp_path_factory) -> RolloutServerProcess:
+    return RolloutServerProcess(BUNDLED_MODEL, tmp_path_factory.mktemp(name) / "server.log", args=args)
+
+
+@pytest.fixture(scope="module", params=list(STRATEGIES))
+def sd_server(request, tmp_path_factory) -> Iterator[tuple[str, RolloutServerProcess]]:
+    with _server(request.param, STRATEGIES[request.param], tmp_path_factory) as server:
+        yield request.param, server
+
+
+def _generate(server: RolloutServerProcess, prompts: list[list[int]], **params) -> list[dict]:
+    payload = {"input_ids": prompts, "sampling_params": params, "return_logprob": params.pop("logprob", False)}
+    response = requests.post(f"{server.url}/generate", json=payload, timeout=600)
+    response.raise_for_status()
+    return response.json()
+
+
+@pytest.mark.parametrize("batch", [1, 5, 32])
+def test_greedy_outputs_equal_hf_generate(sd_server, batch: int) -> None:
+    name, server = sd_server
+    prompts, reference = _greedy_reference()
+    results = _generate(server, prompts[:batch], max_new_tokens=MAX_NEW_TOKENS, temperature=0)
+    assert [r["output_ids"] for r in results] == reference[:batch]
+    verified = [r["meta_info"]["spec_verify_ct"] for r in results]
+    tokens = [len(r["output_ids"]) for r in results]
+    assert all(v >= 1 for v in verified), "every request went through speculative verification"
+    if name != "adaptive":  # a good drafter commits several tokens per verification
+        assert sum(tokens) / sum(verified) > 1.5
+
+
+def _metric_samples(server: RolloutServerProcess, metric: str) -> dict[tuple[str, str], float]:
+    text = requests.get(f"{server.url}/metrics", timeout=30).text
+    pattern = re.compile(rf'^{metric}\{{bucket="(\d+)",draft_steps="(\d+)"\}} ([0-9.e+]+)$', re.M)
+    return {(b, s): float(v) for b, s, v in pattern.findall(text)}
+
+
+def test_adaptive_policy_switches_speculation_on_and_off_within_one_generation(tmp_path_factory) -> None:
+    prompts, reference = _greedy_reference()
+    with _server("adaptive-switch", STRATEGIES["adaptive"], tmp_path_factory) as server:
+        results = _generate(server, prompts, max_new_tokens=MAX_NEW_TOKENS, temperature=0)
+        choices = _metric_samples(server, "tlt_sd_choices_total")
+    assert [r["output_ids"] for r in results] == reference
+    # One batch of 32 shrinking to its longest request: the bandit explores every arm in every
+    # bucket it passes through, so speculation went off and on while the long requests ran.
+    arms_used = {int(s) for (_, s), n in choices.items() if n > 0}
+    assert 0 in arms_used and arms_used & {1, 2, 3, 4}
+    assert len({b for (b, _), n in choices.items() if n > 0}) >= 3, "the batch crossed several buckets"
+
+
+def _policy_distribution(prompt: list[int], top_p: float) -> torch.Tensor:
+    """P(t1, t2, t3 | prompt) of the policy at temperature 1 with SGLang's nucleus rule."""
+    model, _ = _hf()
+    vocab = model.config.vocab_size
+
+    def next_probs(prefixes: list[list[int]]) -> torch.Tensor:
+        with torch.no_grad():
+            probs = model(torch.tensor(prefixes)).logits[:, -1].softmax(-1)
+        ordered, order = probs.sort(dim=-1, descending=True)
+        keep = (ordered.cumsum(-1) - ordered) <= top_p
+        kept = probs * torch.zeros_like(keep).scatter(-1, order, keep)
+        return kept / kept.sum(-1, keepdim=True)
+
+    p1 = next_probs([prompt])[0]
+    p2 = next_probs([prompt + [a] for a in range(vocab)])
+    p3 = next_probs([prompt + [a, b] for a in range(vocab) for b in range(vocab)]).view(vocab, vocab, vocab)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def _chi_square_pvalue(server: RolloutServerProcess, top_p: float, draws: int = 3000) -> float:
+    """Chi-square of the first three sampled tokens against the policy; cells expected < 5 pooled."""
+    _, tokenizer = _hf()
+    prompt = tokenizer("84,36:").input_ids
+    results = _generate(server, [prompt] * draws, max_new_tokens=3, temperature=1.0, top_p=top_p, ignore_eos=True)
+    assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in results), "tokens 2-3 come from verification"
+    counts = Counter(tuple(r["output_ids"][:3]) for r in results)
+    joint = _policy_distribution(prompt, top_p)
+    expected = joint * draws
+    big = (expected >= 5).nonzero().tolist()
+    observed = [counts.pop(tuple(cell), 0) for cell in big]
+    expected_cells = [float(expected[tuple(cell)]) for cell in big]
+    observed.append(sum(counts.values()))
+    expected_cells.append(draws - sum(expected_cells))
+    return float(chisquare(observed, expected_cells).pvalue)
+
+
+@pytest.fixture(scope="module")
+def chain_server(tmp_path_factory) -> Iterator[RolloutServerProcess]:
+    with _server("chain-sampling", STRATEGIES["chain-3"], tmp_path_factory) as server:
+        yield server
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampling_keeps_the_policy_distribution(chain_server, top_p: float) -> None:
+    assert _chi_square_pvalue(chain_server, top_p) > 1e-4
+
+
+def test_the_distribution_test_fails_for_a_biased_acceptance_rule(tmp_path_factory) -> None:
+    # SGLang's own knob: accept a draft when the coin is below mass / 0.3, not below the mass.
+    biased = [*STRATEGIES["chain-3"], "--", "--speculative-accept-threshold-acc", "0.3"]
+    with _server("biased-rule", biased, tmp_path_factory) as server:
+        assert _chi_square_pvalue(server, 1.0) < 1e-6
+
+
+def test_returned_logprobs_are_the_policys(chain_server) -> None:
+    model, _ = _hf()
+    prompts, _ = _greedy_reference()
+    for result, prompt in zip(_generate(chain_server, prompts[:4], max_new_tokens=60, temperature=1.0, logprob=True), prompts):
+        sequence = torch.tensor([prompt + result["output_ids"]])
+        with torch.no_grad():
+            log_probs = model(sequence).logits[0].log_softmax(-1)
+        positions = torch.arange(len(prompt) - 1, sequence.shape[1] - 1)
+        reference = log_probs[positions, sequence[0, len(prompt) :]]
+        served = torch.tensor([entry[0] for entry in result["meta_info"]["output_token_logprobs"]])
+        assert torch.allclose(served, reference, atol=1e-4, rtol=0)
+
+
+def test_speculation_needs_a_drafter() -> None:
+    from pydantic import ValidationError
+
+    from tlt.settings import RolloutServerSettings
+
+    with pytest.raises(ValidationError, match="draft_model_path"):
+        RolloutServerSettings(model_path=Path(BUNDLED_MODEL), speculative="always")
