@@ -29,6 +29,7 @@ test-quick: install
 
 bench: install
 	$(PY) -m benchmarks.engine_vs_hf
+	$(PY) -m benchmarks.long_tail_rollout
 
 tiny-model: install
 	$(VENV)/bin/tlt make-tiny-model

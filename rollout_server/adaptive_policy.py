@@ -19,10 +19,15 @@ import json
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rollout_server.cpu import cpu_engine_requested
 from tlt.adaptive.bandit import BanditConfig, SpecArm, SpeculationBandit
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -42,32 +47,60 @@ def adaptive_config_file(bandit: BanditConfig) -> dict[str, Any]:
 class SpecMetrics:
     """Prometheus metrics of the policy; exported by SGLang's /metrics with `--enable-metrics`.
 
-    Created in the scheduler process, after SGLang has set PROMETHEUS_MULTIPROC_DIR, so that the
-    values reach the HTTP process that serves /metrics.
+    Created in the scheduler process, after SGLang has set PROMETHEUS_MULTIPROC_DIR (read by
+    prometheus_client when a metric is created), so that the values reach the HTTP process that
+    serves /metrics.
     """
 
-    def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        # prometheus_client picks its multiprocess mode at import: import it only here.
+        from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-        self.enabled = Gauge("tlt_sd_enabled", "1 while the running batch decodes speculatively", multiprocess_mode="mostrecent")
-        self.draft_steps = Gauge(
-            "tlt_sd_draft_steps", "draft steps chosen for the running batch (0 = off)", multiprocess_mode="mostrecent"
-        )
-        self.batch_size = Gauge("tlt_sd_batch_size", "size of the running decode batch", multiprocess_mode="mostrecent")
+        registry = registry or REGISTRY
+        mostrecent = {"multiprocess_mode": "mostrecent", "registry": registry}
+        self.enabled = Gauge("tlt_sd_enabled", "1 while the running batch decodes speculatively", **mostrecent)
+        self.draft_steps = Gauge("tlt_sd_draft_steps", "draft steps chosen for the running batch (0 = off)", **mostrecent)
+        self.batch_size = Gauge("tlt_sd_batch_size", "size of the running decode batch", **mostrecent)
         self.choices = Counter(
-            "tlt_sd_choices", "decode steps run per batch-size bucket and chosen arm", ["bucket", "draft_steps"]
+            "tlt_sd_choices",
+            "decode steps run per batch-size bucket and chosen arm",
+            ["bucket", "draft_steps"],
+            registry=registry,
         )
         self.accept_length = Histogram(
             "tlt_sd_accept_length",
             "tokens committed per request per speculative step (accepted drafts + 1)",
             buckets=[1, 2, 3, 4, 5, 6, 8, 12, 17],
+            registry=registry,
         )
 
 
-class BanditSpecPolicy:
-    """SGLang's adaptive policy interface (`AdaptiveSpecPolicy`) backed by `SpeculationBandit`."""
+@dataclass
+class _Step:
+    batch: int
+    arm: SpecArm
+    started: float
+    ended: float | None = None
 
-    def __init__(self, initial_steps: int, cfg_path: str | None = None) -> None:
+
+class BanditSpecPolicy:
+    """SGLang's adaptive policy interface (`AdaptiveSpecPolicy`) backed by `SpeculationBandit`.
+
+    A step's duration depends on how the engine runs it. SGLang's overlapped scheduler launches
+    step k+1 before it reports step k. On a GPU the launch is asynchronous and reporting k waits for
+    the device, so the interval between two reports is the duration of the reported step. On the
+    CPU the launch computes the whole forward pass, so step k runs from its own launch to the next
+    launch (`synchronous_launch`, the default on SGLang's CPU engine).
+    """
+
+    def __init__(
+        self,
+        initial_steps: int,
+        cfg_path: str | None = None,
+        *,
+        metrics: SpecMetrics | None = None,
+        synchronous_launch: bool | None = None,
+    ) -> None:
         config = BanditConfig()
         if cfg_path is not None:
             config = BanditConfig.model_validate(json.loads(Path(cfg_path).read_text())[CONFIG_KEY])
@@ -75,15 +108,16 @@ class BanditSpecPolicy:
             raise ValueError("SGLang's adaptive worker switches chains only: every arm needs topk 1")
         self.bandit = SpeculationBandit(config)
         self._arms = {arm.draft_steps: arm for arm in config.arms}
-        # (batch size, arm) of the steps launched and not yet reported: SGLang's overlapped scheduler
-        # reports a step after it has launched the next one.
-        self._pending: deque[tuple[int, SpecArm]] = deque(maxlen=8)
+        self.synchronous_launch = cpu_engine_requested() if synchronous_launch is None else synchronous_launch
+        # Steps launched and not yet reported, oldest first.
+        self._pending: deque[_Step] = deque(maxlen=8)
         self._last_report: float | None = None
-        self.metrics: SpecMetrics | None = None
-        try:
-            self.metrics = SpecMetrics()
-        except ValueError:  # already registered in this process (a second worker); keep serving
-            logger.warning("TLT speculation metrics already registered in this process")
+        self.metrics = metrics
+        if self.metrics is None:
+            try:
+                self.metrics = SpecMetrics()
+            except ValueError:  # already registered in this process (a second worker); keep serving
+                logger.warning("TLT speculation metrics already registered in this process")
         logger.info("TLT bandit policy: arms %s, initial steps %d", sorted(self._arms), initial_steps)
 
     @property
@@ -100,41 +134,45 @@ class BanditSpecPolicy:
 
     def get_steps_for_batch(self, batch_size: int) -> int:
         """The draft length of the next decode step of a batch of this size."""
-        arm = self.bandit.choose(max(batch_size, 1))
-        self._pending.append((max(batch_size, 1), arm))
+        now = time.perf_counter()
+        batch = max(batch_size, 1)
+        arm = self.bandit.choose(batch)
+        if self._pending and self._pending[-1].ended is None:
+            self._pending[-1].ended = now
+        self._pending.append(_Step(batch, arm, now))
         if self.metrics is not None:
             self.metrics.enabled.set(int(arm.speculative))
             self.metrics.draft_steps.set(arm.draft_steps)
             self.metrics.batch_size.set(batch_size)
-            bucket = str(self.bandit.bucket_of(max(batch_size, 1)))
+            bucket = str(self.bandit.bucket_of(batch))
             self.metrics.choices.labels(bucket=bucket, draft_steps=str(arm.draft_steps)).inc()
         return arm.draft_steps
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
-        """Credit the arm of the finished step with its committed tokens per second.
-
-        The time is the interval since the previous report: with SGLang's overlapped scheduler that
-        is the steady-state cost of one step, including drafting, verification and scheduling.
-        Returns None: the next step's arm is chosen by `get_steps_for_batch`.
-        """
+        """Credit the arm of the reported step with its committed tokens per second (the step's
+        duration includes drafting, verification and scheduling). Returns None: the next step's arm
+        is chosen by `get_steps_for_batch`."""
         now = time.perf_counter()
         previous, self._last_report = self._last_report, now
         step = self._pop_step(batch_size)
         if step is None or not num_correct_drafts_per_req:
             return None
-        chosen_batch, arm = step
         tokens = sum(n + 1 for n in num_correct_drafts_per_req)
-        if self.metrics is not None and arm.speculative:
+        if self.metrics is not None and step.arm.speculative:
             for n in num_correct_drafts_per_req:
                 self.metrics.accept_length.observe(n + 1)
-        if previous is not None and 0 < now - previous <= MAX_STEP_SECONDS:
-            self.bandit.update(chosen_batch, arm, tokens, now - previous)
+        if self.synchronous_launch:
+            seconds = (step.ended or now) - step.started
+        else:
+            seconds = now - previous if previous is not None else 0.0
+        if 0 < seconds <= MAX_STEP_SECONDS:
+            self.bandit.update(step.batch, step.arm, tokens, seconds)
         return None
 
-    def _pop_step(self, batch_size: int) -> tuple[int, SpecArm] | None:
+    def _pop_step(self, batch_size: int) -> _Step | None:
         """The oldest launched step of this batch size; older unmatched ones are dropped."""
         while self._pending:
             step = self._pending.popleft()
-            if step[0] == max(batch_size, 1):
+            if step.batch == max(batch_size, 1):
                 return step
         return None

@@ -87,3 +87,56 @@ def test_invalid_flag_exits_with_an_error(model_dir: Path) -> None:
     )
     assert result.returncode != 0
     assert "port" in result.stderr
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path: Path) -> None:
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    chain = RolloutServerSettings(model_path=model_dir, device="cpu", speculative="always", draft_model_path=drafter, draft_steps=3)
+    argv = chain.sglang_argv()
+    assert _flag(argv, "--speculative-algorithm") == "EAGLE"
+    assert _flag(argv, "--speculative-num-steps") == "3"
+    assert _flag(argv, "--speculative-eagle-topk") == "1"
+    assert _flag(argv, "--speculative-num-draft-tokens") == "4"
+    assert _flag(argv, "--max-running-requests") == "1024"  # not SGLang's speculative cap of 48
+    assert "--speculative-adaptive" not in argv
+
+    tree = chain.model_copy(update={"draft_topk": 2, "draft_tokens": 6, "max_running_requests": 64})
+    argv = tree.sglang_argv()
+    assert _flag(argv, "--speculative-num-draft-tokens") == "6"
+    assert _flag(argv, "--max-running-requests") == "64"
+
+    adaptive = RolloutServerSettings(model_path=model_dir, speculative="adaptive", draft_model_path=drafter)
+    assert [arm.draft_steps for arm in adaptive.bandit_config().arms] == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="config file"):
+        adaptive.sglang_argv()
+    argv = adaptive.sglang_argv(tmp_path / "adaptive.json")
+    assert _flag(argv, "--speculative-adaptive-config") == str(tmp_path / "adaptive.json")
+    assert "--speculative-adaptive" in argv
+    assert "--max-running-requests" not in RolloutServerSettings(model_path=model_dir).sglang_argv()
+
+
+@pytest.mark.parametrize(
+    ("fields", "with_drafter", "message"),
+    [
+        ({"speculative": "always"}, False, "draft_model_path"),
+        ({"speculative": "adaptive", "draft_topk": 2, "draft_tokens": 6}, True, "chains"),
+        ({"speculative": "always", "draft_topk": 2}, True, "needs draft_tokens"),
+        ({"speculative": "always", "draft_tokens": 9}, True, "leave draft_tokens unset"),
+    ],
+)
+def test_inconsistent_speculation_settings_are_refused(
+    model_dir: Path, tmp_path: Path, fields: dict, with_drafter: bool, message: str
+) -> None:
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    if with_drafter:
+        fields = {**fields, "draft_model_path": drafter}
+    with pytest.raises(ValidationError, match=message):
+        RolloutServerSettings(model_path=model_dir, **fields)

@@ -12,7 +12,6 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from functools import cache
-from pathlib import Path
 
 import pytest
 import requests
@@ -167,12 +166,3 @@ def test_returned_logprobs_are_the_policys(chain_server) -> None:
         reference = log_probs[positions, sequence[0, len(prompt) :]]
         served = torch.tensor([entry[0] for entry in result["meta_info"]["output_token_logprobs"]])
         assert torch.allclose(served, reference, atol=1e-4, rtol=0)
-
-
-def test_speculation_needs_a_drafter() -> None:
-    from pydantic import ValidationError
-
-    from tlt.settings import RolloutServerSettings
-
-    with pytest.raises(ValidationError, match="draft_model_path"):
-        RolloutServerSettings(model_path=Path(BUNDLED_MODEL), speculative="always")

@@ -20,7 +20,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from tlt.paths import BUNDLED_MODEL
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.settings import Speculation
 from tlt.stats import RolloutSummary, tail_time_share
 
 app = typer.Typer(help="TLT: fast RL rollouts with adaptive speculative decoding.", no_args_is_help=True)
@@ -106,6 +107,10 @@ def run(
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=32768, help="the tiny model's context is 1024 tokens")] = 1000,
     seed: Annotated[int, typer.Option()] = 0,
+    speculative: Annotated[
+        Speculation, typer.Option(help="EAGLE speculative decoding: off, always, or adaptive (TLT's bandit)")
+    ] = "adaptive",
+    drafter: Annotated[Path, typer.Option(help="EAGLE drafter of the model (SGLang checkpoint)")] = BUNDLED_DRAFTER,
     runs_dir: Annotated[Path, typer.Option(help="where run records are written")] = Path("runs"),
 ) -> None:
     """Start a rollout server on the model and roll out a batch of problems (the RL loop's rollout phase)."""
@@ -121,6 +126,11 @@ def run(
             raise typer.BadParameter(f"{model} has no config.json", param_hint="--model")
         console.print("bundled tiny model missing: building it")
         make_tiny_model(out=model, eval_problems=0)
+    if speculative != "off" and drafter == BUNDLED_DRAFTER and model != BUNDLED_MODEL:
+        raise typer.BadParameter("the bundled drafter fits the bundled model only: pass --drafter or --speculative off")
+    server_args = ["--random-seed", str(seed), "--speculative", speculative]
+    if speculative != "off":
+        server_args += ["--draft-model-path", str(drafter)]
     run_dir = runs_dir / f"rollout-{datetime.now():%Y%m%d-%H%M%S}"
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = TinyModelSpec.of_checkpoint(model)
@@ -129,7 +139,7 @@ def run(
     tokenizer = AutoTokenizer.from_pretrained(model)
 
     with console.status("starting the rollout server (SGLang + TLT plugin)"):
-        server = RolloutServerProcess(model, run_dir / "rollout_server.log", args=["--random-seed", str(seed)])
+        server = RolloutServerProcess(model, run_dir / "rollout_server.log", args=server_args)
         server.start()
     try:
         started = time.monotonic()
@@ -153,11 +163,17 @@ def run(
         for rollout in rollouts:
             out.write(rollout.model_dump_json() + "\n")
     tail_share = tail_time_share([r.finished_s for r in rollouts if r.finished_s is not None])
+    verifications = sum(r.spec_verify_ct for r in rollouts)
     record = {
         "summary": summary.model_dump(),
         "seconds": elapsed,
         "tokens_per_s": sum(r.length for r in rollouts) / elapsed,
         "tail_time_share": tail_share,
+        "speculative": speculative,
+        "spec_verifications": verifications,
+        "spec_accept_length": (sum(r.spec_accepted_drafts for r in rollouts) + verifications) / verifications
+        if verifications
+        else None,
     }
     (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
     console.print(_summary_table(f"{prompts} problems x {samples} samples, T={temperature} (lengths in tokens)", summary))
@@ -165,6 +181,11 @@ def run(
         f"{elapsed:.1f}s, {record['tokens_per_s']:.0f} tok/s; the last 10% of responses took "
         f"{tail_share:.0%} of the time (the long tail); records in {run_dir}"
     )
+    if verifications:
+        console.print(
+            f"speculative decoding ({speculative}): {verifications} verification steps, "
+            f"{record['spec_accept_length']:.2f} tokens committed per step on average"
+        )
 
 
 @drafter_app.command("train")

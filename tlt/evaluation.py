@@ -30,6 +30,8 @@ class Rollout(BaseModel):
     reward: float
     finish_reason: str | None = None
     finished_s: float | None = None  # seconds from the start of the batch (server rollouts)
+    spec_verify_ct: int = 0  # speculative verification steps (server rollouts with SD)
+    spec_accepted_drafts: int = 0
 
 
 def response_length(output_ids: Sequence[int], eos_token_id: int) -> int:
@@ -102,6 +104,8 @@ def rollout_with_server(
                 problem, sample, prompt_ids[problem], completion.output_ids, tokenizer, completion.finish_reason
             )
             rollout.finished_s = time.monotonic() - started
+            rollout.spec_verify_ct = completion.spec_verify_ct
+            rollout.spec_accepted_drafts = completion.spec_accepted_drafts
             rollouts.append(rollout)
             if on_done is not None:
                 on_done(rollout)

@@ -25,6 +25,8 @@ class Completion(BaseModel):
     text: str
     finish_reason: str | None
     logprobs: list[float] | None = None
+    spec_verify_ct: int = Field(0, description="speculative verification steps this request took part in")
+    spec_accepted_drafts: int = Field(0, description="draft tokens the policy accepted in them")
 
 
 class RolloutClient:
@@ -75,4 +77,6 @@ def parse_completion(item: dict[str, Any]) -> Completion:
         text=item.get("text", ""),
         finish_reason=finish.get("type"),
         logprobs=[entry[0] for entry in logprobs] if logprobs else None,
+        spec_verify_ct=meta.get("spec_verify_ct") or 0,
+        spec_accepted_drafts=meta.get("spec_num_correct_drafts") or 0,
     )

@@ -14,6 +14,7 @@ from tlt.adaptive.bandit import BanditConfig, SpecArm
 
 Device = Literal["auto", "cpu", "cuda"]
 Speculation = Literal["off", "always", "adaptive"]
+SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
@@ -46,7 +47,13 @@ class RolloutServerSettings(BaseSettings):
     max_total_tokens: int | None = Field(
         None, ge=256, description="KV-cache size in tokens; default 65536 on cpu, SGLang's on gpu"
     )
-    max_running_requests: int | None = Field(None, ge=1, le=65536, description="running batch cap")
+    max_running_requests: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="running batch cap; with speculation default 1024 (SGLang would cap it at 48, which "
+        "throttles the bulk of a rollout batch: TLT speculates only in the tail)",
+    )
     context_length: int | None = Field(None, ge=16, description="override the model's context length")
     mem_fraction_static: float | None = Field(
         None, gt=0.0, lt=1.0, description="GPU memory fraction for weights + KV cache (gpu only)"
@@ -136,7 +143,8 @@ class RolloutServerSettings(BaseSettings):
             max_total_tokens = 65536
         optional = {
             "--max-total-tokens": max_total_tokens,
-            "--max-running-requests": self.max_running_requests,
+            "--max-running-requests": self.max_running_requests
+            or (SPECULATIVE_MAX_RUNNING_REQUESTS if self.speculative != "off" else None),
             "--context-length": self.context_length,
             "--mem-fraction-static": self.mem_fraction_static,
             "--random-seed": self.random_seed,

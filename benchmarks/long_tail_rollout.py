@@ -1,0 +1,194 @@
+"""A long-tail rollout of the tiny task under three speculation modes, side by side in one run:
+no SD, always-on SD and adaptive SD (TLT's bandit), same model, drafter, prompts and machine.
+
+Every request of the batch is in flight at once, as an RL step sends it; the running batch then
+shrinks to the few long responses. Decoding is greedy over distinct problems so that all three
+modes produce the same tokens (checked) and differ only in time; the task's response lengths are
+heavy-tailed by construction. A poller reads /metrics every 0.2 s for the SD on/off timeline.
+
+    python -m benchmarks.long_tail_rollout [--quick]
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Annotated
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import requests
+import typer
+from transformers import AutoTokenizer
+
+from benchmarks.common import RESULTS, write_json
+from tlt.evaluation import rollout_with_server
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.rollout_client import SamplingParams
+from tlt.server_process import RolloutServerProcess
+from tlt.stats import tail_time_share
+from tlt.tasks import GcdTask
+
+MODES = {
+    "no SD": [],
+    "always-on SD": ["--speculative", "always"],
+    "adaptive SD": ["--speculative", "adaptive"],
+}
+POLL_S = 0.2
+_GAUGE = re.compile(r"^(sglang:num_running_reqs|tlt_sd_draft_steps)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
+
+
+class MetricsPoller(threading.Thread):
+    """Samples running requests and the chosen draft steps from /metrics until stopped."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.samples: list[dict[str, float]] = []
+        self._stop_event = threading.Event()
+        self._start = time.monotonic()
+
+    def run(self) -> None:
+        session = requests.Session()
+        while not self._stop_event.wait(POLL_S):
+            try:
+                text = session.get(f"{self.url}/metrics", timeout=5).text
+            except requests.RequestException:
+                continue
+            values = {name: float(value) for name, value in _GAUGE.findall(text)}
+            self.samples.append(
+                {
+                    "t": round(time.monotonic() - self._start, 3),
+                    "running": values.get("sglang:num_running_reqs", 0.0),
+                    "draft_steps": values.get("tlt_sd_draft_steps", -1.0),
+                }
+            )
+
+    def stop(self) -> list[dict[str, float]]:
+        self._stop_event.set()
+        self.join()
+        return self.samples
+
+
+def _run_mode(
+    name: str, args: list[str], problems, tokenizer, max_new_tokens: int, draft_steps: int, kv_tokens: int
+) -> dict:
+    flags = [*args, "--enable-metrics", "--random-seed", "0", "--max-total-tokens", str(kv_tokens)]
+    if args:
+        flags += ["--draft-model-path", str(BUNDLED_DRAFTER), "--draft-steps", str(draft_steps)]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    with tempfile.TemporaryDirectory() as tmp, RolloutServerProcess(BUNDLED_MODEL, Path(tmp) / "server.log", args=flags) as server:
+        client = server.client()
+        rollout_with_server(client, tokenizer, problems[:8], 1, params)  # first-request costs out of the way
+        poller = MetricsPoller(server.url)
+        poller.start()
+        start = time.monotonic()
+        summary, rollouts = rollout_with_server(client, tokenizer, problems, 1, params)
+        makespan = time.monotonic() - start
+        timeline = poller.stop()
+    tokens = sum(r.length for r in rollouts)
+    finish = sorted(r.finished_s for r in rollouts)
+    typer.echo(f"{name:>13}: makespan {makespan:6.2f} s  {tokens / makespan:7.0f} tok/s  p99 length {summary.p99}")
+    return {
+        "mode": name,
+        "flags": flags,
+        "makespan_s": round(makespan, 3),
+        "tokens": tokens,
+        "tokens_per_s": round(tokens / makespan, 1),
+        "tail_10pct_time_share": round(tail_time_share(finish, 0.9), 3),
+        "lengths": {"p50": summary.p50, "p90": summary.p90, "p99": summary.p99, "max": summary.max},
+        "outputs": [r.output_ids for r in rollouts],
+        "finish_s": [round(t, 3) for t in finish],
+        "timeline": timeline,
+    }
+
+
+def _scenario(batch, tokenizer, max_new_tokens: int, draft_steps: int, kv_tokens: int, repeats: int) -> dict:
+    """The three modes, `repeats` rounds interleaved (so drifts of the machine hit all modes alike)."""
+    typer.echo(f"KV cache of {kv_tokens} tokens:")
+    rounds = [
+        [_run_mode(name, args, batch, tokenizer, max_new_tokens, draft_steps, kv_tokens) for name, args in MODES.items()]
+        for _ in range(repeats)
+    ]
+    identical = all(r["outputs"] == rounds[0][0]["outputs"] for runs in rounds for r in runs)
+    # The first round's records (timeline, finish times) with the makespan averaged over rounds.
+    results = rounds[0]
+    for i, r in enumerate(results):
+        del r["outputs"]
+        r["makespans_s"] = [runs[i]["makespan_s"] for runs in rounds]
+        r["makespan_s"] = round(sum(r["makespans_s"]) / len(rounds), 3)
+        r["tokens_per_s"] = round(r["tokens"] / r["makespan_s"], 1)
+    for r in results:
+        r["speedup_vs_no_sd"] = round(results[0]["makespan_s"] / r["makespan_s"], 3)
+    typer.echo("  mean makespans: " + ", ".join(f"{r['mode']} {r['makespan_s']:.2f} s" for r in results))
+    typer.echo("  speedup vs no SD: " + ", ".join(f"{r['mode']} x{r['speedup_vs_no_sd']:.2f}" for r in results))
+    typer.echo(f"  outputs identical across modes: {identical}")
+    return {"kv_tokens": kv_tokens, "outputs_identical": identical, "modes": results}
+
+
+def main(
+    quick: Annotated[bool, typer.Option(help="32 problems, one round: checks the benchmark runs")] = False,
+    problems: int = 512,
+    max_new_tokens: int = 1000,
+    draft_steps: int = 4,
+    kv_tokens: Annotated[
+        list[int],
+        typer.Option(help="KV cache sizes to run: TLT's CPU default, and room for the whole batch as on a GPU"),
+    ] = [65536, 262144],  # noqa: B006 (typer reads the default)
+    repeats: Annotated[int, typer.Option(min=1, help="rounds over the three modes; figures are per-mode means")] = 2,
+    seed: int = 0,
+) -> None:
+    count = 32 if quick else problems
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    batch = GcdTask().sample(count, seed=seed, split="test")
+    scenarios = [
+        _scenario(batch, tokenizer, max_new_tokens, draft_steps, kv, 1 if quick else repeats)
+        for kv in (kv_tokens[:1] if quick else kv_tokens)
+    ]
+    name = "long_tail_rollout_quick" if quick else "long_tail_rollout"
+    data = {"problems": count, "max_new_tokens": max_new_tokens, "draft_steps": draft_steps, "rounds": repeats, "seed": seed}
+    path = write_json(name, {**data, "scenarios": scenarios})
+    _plot(scenarios, RESULTS / f"{name}.png")
+    typer.echo(f"wrote {path}")
+
+
+def _plot(scenarios: list[dict], out: Path) -> None:
+    fig, axes = plt.subplots(
+        len(scenarios), 2, figsize=(11, 3.8 * len(scenarios)), gridspec_kw={"width_ratios": [1, 2]}, squeeze=False
+    )
+    for (bars, timeline), scenario in zip(axes, scenarios):
+        _plot_scenario(bars, timeline, scenario)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def _plot_scenario(bars, timeline, scenario: dict) -> None:
+    results = scenario["modes"]
+    names = [r["mode"] for r in results]
+    bars.bar(names, [r["makespan_s"] for r in results], color=["tab:gray", "tab:orange", "tab:green"])
+    for x, r in enumerate(results):
+        bars.annotate(f"{r['tokens_per_s']:.0f} tok/s\nx{r['speedup_vs_no_sd']:.2f}", (x, r["makespan_s"]), ha="center", va="bottom", fontsize=8)
+    bars.set_ylabel("makespan (s)")
+    bars.set_title(f"Long-tail rollout, CPU, KV {scenario['kv_tokens'] // 1024}k tokens", fontsize=9)
+    bars.tick_params(axis="x", labelsize=8)
+    for r, color in zip(results, ["tab:gray", "tab:orange", "tab:green"]):
+        ts = [s["t"] for s in r["timeline"]]
+        timeline.plot(ts, [s["running"] for s in r["timeline"]], color=color, label=f"{r['mode']}: running requests")
+    adaptive = results[-1]["timeline"]
+    steps = timeline.twinx()
+    steps.step([s["t"] for s in adaptive], [max(s["draft_steps"], 0) for s in adaptive], where="post", color="tab:red", alpha=0.6, label="adaptive: draft steps (0 = SD off)")
+    steps.set_ylabel("draft steps chosen")
+    timeline.set_xlabel("time since the batch was sent (s)")
+    timeline.set_ylabel("running requests")
+    timeline.set_yscale("symlog")
+    lines = timeline.get_legend_handles_labels()[0] + steps.get_legend_handles_labels()[0]
+    timeline.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper right")
+
+
+if __name__ == "__main__":
+    typer.run(main)
