@@ -174,18 +174,21 @@ def _plot_scenario(bars, timeline, scenario: dict) -> None:
     for x, r in enumerate(results):
         bars.annotate(f"{r['tokens_per_s']:.0f} tok/s\nx{r['speedup_vs_no_sd']:.2f}", (x, r["makespan_s"]), ha="center", va="bottom", fontsize=8)
     bars.set_ylabel("makespan (s)")
+    bars.set_ylim(0, max(r["makespan_s"] for r in results) * 1.25)
     bars.set_title(f"Long-tail rollout, CPU, KV {scenario['kv_tokens'] // 1024}k tokens", fontsize=9)
     bars.tick_params(axis="x", labelsize=8)
     for r, color in zip(results, ["tab:gray", "tab:orange", "tab:green"]):
         ts = [s["t"] for s in r["timeline"]]
-        timeline.plot(ts, [s["running"] for s in r["timeline"]], color=color, label=f"{r['mode']}: running requests")
+        running = [max(s["running"], 1) for s in r["timeline"]]  # log axis; 0 only after the last finished
+        timeline.plot(ts, running, color=color, label=f"{r['mode']}: running requests")
     adaptive = results[-1]["timeline"]
     steps = timeline.twinx()
     steps.step([s["t"] for s in adaptive], [max(s["draft_steps"], 0) for s in adaptive], where="post", color="tab:red", alpha=0.6, label="adaptive: draft steps (0 = SD off)")
     steps.set_ylabel("draft steps chosen")
+    steps.set_ylim(-0.3, max(max(s["draft_steps"], 0) for s in adaptive) + 0.5)
     timeline.set_xlabel("time since the batch was sent (s)")
     timeline.set_ylabel("running requests")
-    timeline.set_yscale("symlog")
+    timeline.set_yscale("log")
     lines = timeline.get_legend_handles_labels()[0] + steps.get_legend_handles_labels()[0]
     timeline.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper right")
 

@@ -45,6 +45,10 @@ def test_run_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
     assert all(r["finished_s"] > 0 for r in rollouts)
     assert summary["summary"]["accuracy"] == pytest.approx(sum(r["reward"] for r in rollouts) / 18)
     assert (run_dir / "rollout_server.log").exists()
+    # The default is adaptive speculation with the bundled drafter: every response was verified.
+    assert summary["speculative"] == "adaptive"
+    assert all(r["spec_verify_ct"] >= 1 for r in rollouts)
+    assert summary["spec_accept_length"] >= 1.0
 
 
 @pytest.mark.slow

@@ -1,0 +1,32 @@
+"""Smoke runs of the benchmarks in their --quick mode: they still execute end to end and write
+their JSON and plot. Timing goals are never asserted here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.common import RESULTS
+
+pytestmark = pytest.mark.slow
+
+
+def test_long_tail_rollout_quick_runs_all_three_modes_with_identical_outputs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.long_tail_rollout", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    data = json.loads((RESULTS / "long_tail_rollout_quick.json").read_text())
+    (scenario,) = data["scenarios"]
+    assert [m["mode"] for m in scenario["modes"]] == ["no SD", "always-on SD", "adaptive SD"]
+    assert scenario["outputs_identical"]
+    adaptive = scenario["modes"][-1]
+    assert adaptive["timeline"] and any(s["draft_steps"] >= 0 for s in adaptive["timeline"])
+    assert (RESULTS / "long_tail_rollout_quick.png").stat().st_size > 0
