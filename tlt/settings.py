@@ -5,12 +5,15 @@ variables, then the defaults."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tlt.adaptive.bandit import BanditConfig, SpecArm
+
+if TYPE_CHECKING:
+    import redis
 
 Device = Literal["auto", "cpu", "cuda"]
 Speculation = Literal["off", "always", "adaptive"]
@@ -174,3 +177,35 @@ class RolloutServerSettings(BaseSettings):
                 raise ValueError("adaptive speculation needs the path of its config file")
             argv += ["--speculative-adaptive", "--speculative-adaptive-config", str(adaptive_config_path)]
         return argv
+
+
+class RedisSettings(BaseSettings):
+    """How every TLT process reaches Redis (env `TLT_REDIS_URL`, `TLT_REDIS_PASSWORD`, ...)."""
+
+    model_config = SettingsConfigDict(env_prefix="TLT_REDIS_", extra="forbid")
+
+    url: str = Field("redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS) URL")
+    password: SecretStr | None = Field(None, description="AUTH password (kept out of the URL and logs)")
+    tls_ca_file: Path | None = Field(None, description="CA bundle to verify the server with rediss://")
+    socket_timeout_s: float = Field(30.0, gt=0, le=3600)
+
+    @field_validator("url")
+    @classmethod
+    def _redis_scheme(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("url must start with redis://, rediss:// or unix://")
+        return url
+
+    def client(self) -> redis.Redis:
+        """A redis-py client (bytes in, bytes out) for these settings."""
+        import redis
+
+        extra: dict[str, object] = {}
+        if self.url.startswith("rediss://") and self.tls_ca_file is not None:
+            extra["ssl_ca_certs"] = str(self.tls_ca_file)
+        return redis.Redis.from_url(
+            self.url,
+            password=self.password.get_secret_value() if self.password else None,
+            socket_timeout=self.socket_timeout_s,
+            **extra,
+        )
