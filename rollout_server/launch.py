@@ -13,6 +13,7 @@ from pydantic_settings import CliApp
 
 from rollout_server import cpu
 from rollout_server.adaptive_policy import adaptive_config_file
+from rollout_server.drafter_swap import DRAFTER_JOB_ENV
 from tlt.settings import RolloutServerSettings
 
 
@@ -38,6 +39,9 @@ def serve(settings: RolloutServerSettings) -> None:
         cpu.activate_in_this_process()
         # Read by torch when SGLang's scheduler process starts.
         os.environ["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+    if settings.drafter_job is not None:
+        # Read by the plugin in SGLang's scheduler process, which inherits our environment.
+        os.environ[DRAFTER_JOB_ENV] = settings.drafter_job
     # SGLang reads its environment at import time: import it only now.
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -12,12 +12,14 @@ without AMX. An operator that a real `sgl_kernel` build already defines is left 
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
 from rollout_server import cpu
 from rollout_server.adaptive_policy import BanditSpecPolicy
 from rollout_server.cpu import attention, ops, sampling
+from rollout_server.drafter_swap import DRAFTER_JOB_ENV, DrafterSwapper, swapper_for
 from rollout_server.request_checks import check_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,7 @@ CPU_OPS: dict[str, tuple[object, tuple[str, ...]]] = {
 }
 
 _ADAPTIVE_POLICY = "sglang.srt.speculative.eagle_worker_v2.AdaptiveSpeculativeParams"
+_RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 _VERIFY_USES_GREEDY = "sglang.srt.speculative.eagle_utils._verify_uses_greedy"
 # Names SGLang's EAGLE verification resolves per platform; None on the CPU.
 _SAMPLED_VERIFY_OPS = {
@@ -89,6 +92,19 @@ def _sampled_verify_on_cpu(original_fn, **kwargs) -> bool:
     return original_fn(**{**kwargs, "is_cpu": False})
 
 
+# One drafter swapper per scheduler (by id: SGLang's objects get no attributes from us).
+_SWAPPERS: dict[int, DrafterSwapper | None] = {}
+
+
+def _swap_drafter_between_batches(scheduler, *args, **kwargs) -> None:
+    """BEFORE-hook on Scheduler.run_batch: the one point where no forward pass is in flight."""
+    if id(scheduler) not in _SWAPPERS:
+        _SWAPPERS[id(scheduler)] = swapper_for(scheduler)
+    swapper = _SWAPPERS[id(scheduler)]
+    if swapper is not None:
+        swapper.apply_pending()
+
+
 def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
     """BEFORE-hook on TokenizerManager._validate_one_request, whose ValueErrors become HTTP 400."""
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
@@ -105,6 +121,8 @@ def register() -> None:
     )
     # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.
     HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
+    if os.environ.get(DRAFTER_JOB_ENV):
+        HookRegistry.register(_RUN_BATCH, _swap_drafter_between_batches, HookType.BEFORE)
     if cpu.cpu_engine_requested():
         HookRegistry.register(_AMX_FALLBACK_PASS, _keep_intel_amx_on_cpu, HookType.AROUND)
         if install_sampled_verification():

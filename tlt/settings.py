@@ -84,6 +84,12 @@ class RolloutServerSettings(BaseSettings):
     draft_tokens: int | None = Field(
         None, ge=2, le=64, description="tokens verified per step; default draft-steps + 1 (the whole chain)"
     )
+    drafter_job: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="follow this job's drafter weight channel in Redis (TLT_REDIS_* settings) and swap "
+        "new versions in between batches",
+    )
     enable_metrics: bool = Field(False, description="Prometheus metrics at /metrics (SGLang's and TLT's)")
     cpu_threads: int = Field(
         1,
@@ -106,6 +112,8 @@ class RolloutServerSettings(BaseSettings):
     @model_validator(mode="after")
     def _check_speculation(self) -> RolloutServerSettings:
         if self.speculative == "off":
+            if self.drafter_job is not None:
+                raise ValueError("drafter_job needs speculation (a drafter to swap)")
             return self
         if self.draft_model_path is None or not (self.draft_model_path / "config.json").is_file():
             raise ValueError(f"speculative={self.speculative} needs draft_model_path with a config.json")

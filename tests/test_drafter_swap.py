@@ -1,0 +1,96 @@
+"""Drafter hot-swap in a real rollout server fed by a real Redis: new versions go in between
+batches and raise the accept length, bad ones are rejected while the old drafter keeps serving,
+and greedy outputs stay identical to HF throughout."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import requests
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tlt import weight_channel
+from tlt.models.hf_generate import greedy_generate
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.redis_server import EmbeddedRedis
+from tlt.server_process import RolloutServerProcess
+from tlt.tasks import GcdTask
+from tlt.weight_channel import WeightChannel
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as server:
+        yield server
+
+
+def _metric(server: RolloutServerProcess, name: str) -> float:
+    text = requests.get(f"{server.url}/metrics", timeout=30).text
+    match = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def _wait_for(server: RolloutServerProcess, name: str, value: float, timeout_s: float = 60.0) -> None:
+    """Swaps happen between batches: keep a trickle of requests going until the metric shows."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        requests.post(f"{server.url}/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        if _metric(server, name) == value:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{name} never reached {value} (now {_metric(server, name)})")
+
+
+def _accept_length_and_check(server: RolloutServerProcess, prompts, reference) -> float:
+    results = requests.post(
+        f"{server.url}/generate",
+        json={"input_ids": prompts, "sampling_params": {"max_new_tokens": 120, "temperature": 0}},
+        timeout=600,
+    ).json()
+    assert [r["output_ids"] for r in results] == reference
+    tokens = sum(len(r["output_ids"]) for r in results)
+    return tokens / sum(r["meta_info"]["spec_verify_ct"] for r in results)
+
+
+def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_path, monkeypatch) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(8, seed=11, split="test")]
+    reference = [list(o) for o in greedy_generate(model, prompts, 120, tokenizer.eos_token_id, tokenizer.pad_token_id)]
+    good = load_file(BUNDLED_DRAFTER / "model.safetensors")
+    useless = {name: torch.zeros_like(t) for name, t in good.items()}
+
+    job = f"swap-{uuid.uuid4().hex[:6]}"
+    channel = WeightChannel(redis_server.settings.client(), job, "drafter")
+    v1 = channel.publish(useless, parent=None)
+    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    args = ["--speculative", "always", "--draft-steps", "3", "--draft-model-path", str(BUNDLED_DRAFTER)]
+    args += ["--drafter-job", job, "--enable-metrics", "--random-seed", "0"]
+    with RolloutServerProcess(BUNDLED_MODEL, tmp_path / "server.log", args=args, env=env) as server:
+        _wait_for(server, "tlt_drafter_version", v1.version)
+        useless_accept = _accept_length_and_check(server, prompts, reference)
+
+        # A blob that does not fit the draft model, then one whose hash is wrong: both refused.
+        misfit = channel.publish({**useless, "fc.weight": torch.zeros(3, 3)}, parent=v1.version)
+        real_sha256 = hashlib.sha256
+        with monkeypatch.context() as patch:  # the writer records the hash of other bytes
+            patch.setattr(weight_channel.hashlib, "sha256", lambda data: real_sha256(data + b"!"))
+            bad_hash = channel.publish(useless, parent=misfit.version)
+        _wait_for(server, "tlt_drafter_rejected_total", 2)
+        assert _metric(server, "tlt_drafter_version") == v1.version
+        assert _accept_length_and_check(server, prompts, reference) == pytest.approx(useless_accept)
+
+        trained = channel.publish(good, parent=bad_hash.version)
+        _wait_for(server, "tlt_drafter_version", trained.version)
+        trained_accept = _accept_length_and_check(server, prompts, reference)
+    print(f"tokens per verification: zeroed drafter {useless_accept:.2f}, trained drafter {trained_accept:.2f}")
+    assert useless_accept < 1.5 < 2.5 < trained_accept
