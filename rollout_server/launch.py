@@ -14,6 +14,7 @@ from pydantic_settings import CliApp
 from rollout_server import cpu
 from rollout_server.adaptive_policy import adaptive_config_file
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV
+from rollout_server.sample_recorder import SAMPLES_JOB_ENV
 from tlt.settings import RolloutServerSettings
 
 
@@ -39,9 +40,11 @@ def serve(settings: RolloutServerSettings) -> None:
         cpu.activate_in_this_process()
         # Read by torch when SGLang's scheduler process starts.
         os.environ["OMP_NUM_THREADS"] = str(settings.cpu_threads)
+    # Read by the plugin in SGLang's scheduler process, which inherits our environment.
     if settings.drafter_job is not None:
-        # Read by the plugin in SGLang's scheduler process, which inherits our environment.
         os.environ[DRAFTER_JOB_ENV] = settings.drafter_job
+    if settings.samples_job is not None:
+        os.environ[SAMPLES_JOB_ENV] = settings.samples_job
     # SGLang reads its environment at import time: import it only now.
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins

@@ -20,6 +20,7 @@ from rollout_server import cpu
 from rollout_server.adaptive_policy import BanditSpecPolicy
 from rollout_server.cpu import attention, ops, sampling
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV, DrafterSwapper, swapper_for
+from rollout_server.sample_recorder import SAMPLES_JOB_ENV, SampleRecorder, recorder_from_env
 from rollout_server.request_checks import check_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ CPU_OPS: dict[str, tuple[object, tuple[str, ...]]] = {
 }
 
 _ADAPTIVE_POLICY = "sglang.srt.speculative.eagle_worker_v2.AdaptiveSpeculativeParams"
+_STREAM_OUTPUT = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output"
 _RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 _VERIFY_USES_GREEDY = "sglang.srt.speculative.eagle_utils._verify_uses_greedy"
 # Names SGLang's EAGLE verification resolves per platform; None on the CPU.
@@ -105,6 +107,17 @@ def _swap_drafter_between_batches(scheduler, *args, **kwargs) -> None:
         swapper.apply_pending()
 
 
+_RECORDER: list[SampleRecorder | None] = []  # created on first use, in the scheduler process
+
+
+def _record_finished_samples(streamer, reqs, *args, **kwargs) -> None:
+    """BEFORE-hook on SchedulerOutputStreamer.stream_output, which sees every finished request."""
+    if not _RECORDER:
+        _RECORDER.append(recorder_from_env())
+    if _RECORDER[0] is not None:
+        _RECORDER[0].record_finished(reqs)
+
+
 def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
     """BEFORE-hook on TokenizerManager._validate_one_request, whose ValueErrors become HTTP 400."""
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
@@ -123,6 +136,8 @@ def register() -> None:
     HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
     if os.environ.get(DRAFTER_JOB_ENV):
         HookRegistry.register(_RUN_BATCH, _swap_drafter_between_batches, HookType.BEFORE)
+    if os.environ.get(SAMPLES_JOB_ENV):
+        HookRegistry.register(_STREAM_OUTPUT, _record_finished_samples, HookType.BEFORE)
     if cpu.cpu_engine_requested():
         HookRegistry.register(_AMX_FALLBACK_PASS, _keep_intel_amx_on_cpu, HookType.AROUND)
         if install_sampled_verification():

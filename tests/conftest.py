@@ -9,6 +9,7 @@ import pytest
 
 from tests.checkpoints import make_random_checkpoint
 from tlt.paths import BUNDLED_MODEL
+from tlt.redis_server import EmbeddedRedis
 from tlt.server_process import RolloutServerProcess
 
 
@@ -36,3 +37,10 @@ def served_model(
     server = RolloutServerProcess(path, log, args=["--random-seed", "0"])
     with server:
         yield name, path, server
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedRedis]:
+    """A real redis-server (password-protected), shared by the session's tests; jobs keep them apart."""
+    with EmbeddedRedis(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as server:
+        yield server

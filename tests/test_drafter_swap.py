@@ -8,7 +8,6 @@ import hashlib
 import re
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import requests
@@ -19,18 +18,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tlt import weight_channel
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.redis_server import EmbeddedRedis
+from tlt.samples_stream import SamplesStream
 from tlt.server_process import RolloutServerProcess
 from tlt.tasks import GcdTask
 from tlt.weight_channel import WeightChannel
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory) -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as server:
-        yield server
 
 
 def _metric(server: RolloutServerProcess, name: str) -> float:
@@ -74,7 +67,7 @@ def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_pat
     v1 = channel.publish(useless, parent=None)
     env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
     args = ["--speculative", "always", "--draft-steps", "3", "--draft-model-path", str(BUNDLED_DRAFTER)]
-    args += ["--drafter-job", job, "--enable-metrics", "--random-seed", "0"]
+    args += ["--drafter-job", job, "--samples-job", job, "--enable-metrics", "--random-seed", "0"]
     with RolloutServerProcess(BUNDLED_MODEL, tmp_path / "server.log", args=args, env=env) as server:
         _wait_for(server, "tlt_drafter_version", v1.version)
         useless_accept = _accept_length_and_check(server, prompts, reference)
@@ -92,5 +85,9 @@ def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_pat
         trained = channel.publish(good, parent=bad_hash.version)
         _wait_for(server, "tlt_drafter_version", trained.version)
         trained_accept = _accept_length_and_check(server, prompts, reference)
+    # Every finished sequence went to the samples stream, token for token.
+    samples = [record for _, record in SamplesStream(redis_server.settings.client(), job).read(count=10_000)]
+    recorded = {(tuple(r.prompt_ids), tuple(r.output_ids)) for r in samples}
+    assert {(tuple(p), tuple(o)) for p, o in zip(prompts, reference)} <= recorded
     print(f"tokens per verification: zeroed drafter {useless_accept:.2f}, trained drafter {trained_accept:.2f}")
     assert useless_accept < 1.5 < 2.5 < trained_accept

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,9 @@ from tlt.settings import RedisSettings
 from tlt.weight_channel import BadBlob, CommitConflict, WeightChannel
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis(log_path=tmp_path_factory.mktemp("redis") / "redis.log") as embedded:
-        yield embedded
+@pytest.fixture
+def server(redis_server: EmbeddedRedis) -> EmbeddedRedis:
+    return redis_server
 
 
 @pytest.fixture

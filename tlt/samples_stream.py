@@ -43,6 +43,13 @@ class SamplesStream:
         entry_id = self.client.xadd(self.key, {"sample": record.model_dump_json()}, maxlen=self.maxlen, approximate=True)
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
+    def add_many(self, records: list[SampleRecord]) -> None:
+        """Append several samples in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for record in records:
+            pipe.xadd(self.key, {"sample": record.model_dump_json()}, maxlen=self.maxlen, approximate=True)
+        pipe.execute()
+
     def read(self, after: str = "0-0", count: int = 1000, block_ms: int | None = None) -> list[tuple[str, SampleRecord]]:
         """Up to `count` samples after stream id `after` (waiting up to `block_ms` for the first)."""
         answer = self.client.xread({self.key: after}, count=count, block=block_ms)

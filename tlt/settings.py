@@ -90,6 +90,11 @@ class RolloutServerSettings(BaseSettings):
         description="follow this job's drafter weight channel in Redis (TLT_REDIS_* settings) and swap "
         "new versions in between batches",
     )
+    samples_job: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="append every finished sequence (token ids) to this job's samples stream in Redis",
+    )
     enable_metrics: bool = Field(False, description="Prometheus metrics at /metrics (SGLang's and TLT's)")
     cpu_threads: int = Field(
         1,
