@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-quick bench tiny-model model-stats clean
+.PHONY: install run test test-quick bench proto tiny-model model-stats clean
 
 install: $(STAMP)
 
@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/lock.txt
 	$(PIP) install -q --no-deps -c requirements/lock.txt sglang==0.5.23
 	$(PIP) install -q -c requirements/lock.txt -e '.[test]'
 	touch $(STAMP)
+
+# gRPC stubs of proto/tlt/v1/*.proto into tlt/v1/ (committed; tests/test_proto_stubs.py fails when stale).
+proto: install
+	$(PY) -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tlt/v1/*.proto
 
 run: install
 	$(VENV)/bin/tlt run

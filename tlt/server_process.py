@@ -1,4 +1,4 @@
-"""Start and stop a rollout server as a child process (single-machine mode, tests, benchmarks)."""
+"""Start and stop TLT's servers as child processes (single-machine mode, tests, benchmarks)."""
 
 from __future__ import annotations
 
@@ -24,47 +24,41 @@ def free_port() -> int:
 
 
 class ServerStartError(RuntimeError):
-    """The rollout server exited or did not become healthy in time."""
+    """The server exited or did not become healthy in time."""
 
 
-class RolloutServerProcess:
-    """`python -m rollout_server` in its own process group, logging to `log_path`."""
+class ServiceProcess:
+    """`python -m <module>` in its own process group, logging to `log_path`; subclasses say how
+    it is started and how it shows it is healthy."""
+
+    kind = "service"
 
     def __init__(
-        self,
-        model_path: Path,
-        log_path: Path,
-        port: int | None = None,
-        args: Sequence[str] = (),
-        env: dict[str, str] | None = None,
+        self, log_path: Path, port: int | None = None, args: Sequence[str] = (), env: dict[str, str] | None = None
     ) -> None:
-        self.model_path = Path(model_path)
         self.log_path = Path(log_path)
         self.port = port or free_port()
         self.args = list(args)
         self.env = env
         self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def command(self) -> list[str]:
+        raise NotImplementedError
 
-    def client(self, timeout_s: float = 600.0) -> RolloutClient:
-        return RolloutClient(self.url, timeout_s=timeout_s)
+    def healthy(self) -> bool:
+        raise NotImplementedError
 
     def start(self, timeout_s: float = 300.0) -> Self:
-        """Launch and wait until /health answers; raises ServerStartError with the log's tail."""
-        command = [sys.executable, "-m", "rollout_server", "--model-path", str(self.model_path)]
-        command += ["--port", str(self.port), *self.args]
+        """Launch and wait until healthy; raises ServerStartError with the log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                command,
+                self.command(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **(self.env or {})},
-                start_new_session=True,  # SGLang spawns workers: stop them as one group
+                start_new_session=True,  # servers spawn workers: stop them as one group
             )
         try:
             self._wait_until_healthy(timeout_s)
@@ -75,15 +69,14 @@ class RolloutServerProcess:
 
     def _wait_until_healthy(self, timeout_s: float) -> None:
         assert self.process is not None
-        client = self.client()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise ServerStartError(f"rollout server exited with {self.process.returncode}:\n{self.log_tail()}")
-            if client.healthy():
+                raise ServerStartError(f"{self.kind} exited with {self.process.returncode}:\n{self.log_tail()}")
+            if self.healthy():
                 return
             time.sleep(0.5)
-        raise ServerStartError(f"rollout server not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
+        raise ServerStartError(f"{self.kind} not healthy after {timeout_s:.0f}s:\n{self.log_tail()}")
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -104,6 +97,16 @@ class RolloutServerProcess:
                 continue
         self.process = None
 
+    def kill(self) -> None:
+        """SIGKILL the process group at once, as a crash would (for fault tests)."""
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.process.wait()
+            self.process = None
+
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():
             return ""
@@ -114,3 +117,61 @@ class RolloutServerProcess:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
+
+
+class RolloutServerProcess(ServiceProcess):
+    """`python -m rollout_server` on a model; healthy when its /health answers."""
+
+    kind = "rollout server"
+
+    def __init__(
+        self,
+        model_path: Path,
+        log_path: Path,
+        port: int | None = None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(log_path, port, args, env)
+        self.model_path = Path(model_path)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, timeout_s: float = 600.0) -> RolloutClient:
+        return RolloutClient(self.url, timeout_s=timeout_s)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "rollout_server", "--model-path", str(self.model_path), "--port", str(self.port), *self.args]
+
+    def healthy(self) -> bool:
+        return self.client().healthy()
+
+
+class GrpcServiceProcess(ServiceProcess):
+    """`python -m <module> --port N` serving gRPC; healthy when the gRPC health service says so."""
+
+    def __init__(
+        self, module: str, log_path: Path, port: int | None = None, args: Sequence[str] = (), env: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(log_path, port, args, env)
+        self.module = self.kind = module
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", self.module, "--port", str(self.port), *self.args]
+
+    def healthy(self) -> bool:
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        with grpc.insecure_channel(self.target) as channel:
+            try:
+                answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+            except grpc.RpcError:
+                return False
+        return answer.status == health_pb2.HealthCheckResponse.SERVING

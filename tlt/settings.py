@@ -222,3 +222,27 @@ class RedisSettings(BaseSettings):
             socket_timeout=self.socket_timeout_s,
             **extra,
         )
+
+
+class DrafterServiceSettings(BaseSettings):
+    """Flags of `python -m drafter_service` (also `TLT_DRAFTER_*` variables; Redis: `TLT_REDIS_*`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TLT_DRAFTER_",
+        cli_prog_name="python -m drafter_service",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="forbid",
+    )
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(50061, ge=1, le=65535, description="gRPC port")
+    auth_token: SecretStr | None = Field(
+        None, description="when set, every call must carry `authorization: Bearer <token>` metadata"
+    )
+    lease_ttl_s: int = Field(30, ge=1, le=3600, description="default lifetime of a spot-training lease")
+    keep_versions: int = Field(5, ge=1, le=1000, description="drafter versions kept in Redis")
+    max_message_bytes: int = Field(
+        256 * 1024 * 1024, ge=1024 * 1024, le=2**31 - 1, description="largest gRPC message (a commit carries weights)"
+    )
+    workers: int = Field(8, ge=1, le=256, description="gRPC worker threads")
