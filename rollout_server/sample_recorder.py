@@ -15,10 +15,13 @@ logger = logging.getLogger(__name__)
 
 SAMPLES_JOB_ENV = "TLT_SAMPLES_JOB"
 _SEEN = 65536  # request ids remembered against double recording
+# SGLang's /health generates a token under request ids with this prefix; not training data.
+HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
 
 
 class SampleRecorder:
-    """Records finished, non-aborted requests once each; a Redis outage never stops serving."""
+    """Records finished requests once each, except aborted ones and SGLang's health checks; a Redis
+    outage never stops serving."""
 
     def __init__(self, stream: SamplesStream) -> None:
         self.stream = stream
@@ -30,7 +33,12 @@ class SampleRecorder:
         """Append the finished requests among `reqs` (SGLang `Req` objects); returns how many."""
         records = []
         for req in reqs:
-            if not req.finished() or req.rid in self._seen or type(req.finished_reason).__name__ == "FINISH_ABORT":
+            if (
+                not req.finished()
+                or req.rid in self._seen
+                or str(req.rid).startswith(HEALTH_CHECK_RID_PREFIX)
+                or type(req.finished_reason).__name__ == "FINISH_ABORT"
+            ):
                 continue
             self._remember(req.rid)
             records.append(SampleRecord(prompt_ids=list(req.origin_input_ids), output_ids=list(req.output_ids_through_stop)))

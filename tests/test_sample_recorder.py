@@ -37,7 +37,8 @@ def test_finished_requests_are_recorded_once_and_aborted_ones_not(redis_server) 
     done = FakeReq("a", [5, 6], [7, 1])
     running = FakeReq("b", [5], [8], finished_reason=None)
     aborted = FakeReq("c", [5], [9], finished_reason=FINISH_ABORT())
-    assert recorder.record_finished([done, running, aborted]) == 1
+    probe = FakeReq("HEALTH_CHECK_1f2e", [0], [3])
+    assert recorder.record_finished([done, running, aborted, probe]) == 1
     assert recorder.record_finished([done]) == 0  # streamed again later: not recorded twice
     running.finished_reason = FINISH_LENGTH()
     assert recorder.record_finished([running]) == 1

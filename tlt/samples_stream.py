@@ -60,5 +60,10 @@ class SamplesStream:
                 records.append((entry_id.decode() if isinstance(entry_id, bytes) else entry_id, SampleRecord.model_validate_json(raw)))
         return records
 
+    def latest(self, count: int) -> list[SampleRecord]:
+        """The newest `count` samples, oldest first."""
+        entries = self.client.xrevrange(self.key, count=count)
+        return [SampleRecord.model_validate_json(fields.get(b"sample", fields.get("sample"))) for _, fields in reversed(entries)]
+
     def __len__(self) -> int:
         return int(self.client.xlen(self.key))

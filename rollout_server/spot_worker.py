@@ -1,0 +1,191 @@
+"""The spot worker beside a rollout server: while its server is idle it leases a slice of the
+job's drafter from the drafter service, trains it on the job's recent samples and commits the
+result as a new version; a generation request arriving at the server preempts it within one
+training micro-step (the slice is released, not committed).
+
+Features (the policy's last hidden states) are computed here with transformers. DESIGN.md wants
+them from the rollout server itself (`return_hidden_states`), which saves a second copy of the
+policy on a GPU; on the CPU with the tiny model the copy is 3 MB and the numbers are identical
+(tested to 1e-6 in the foundation), so that optimisation is left for the GPU path.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import requests
+import torch
+from pydantic import BaseModel, Field
+from safetensors.torch import save as save_blob
+from transformers import AutoModelForCausalLM
+
+from tlt.drafter.model import EagleDrafter, PolicyParts
+from tlt.drafter.offline import mean_accept_length
+from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, pack, policy_features, train_drafter
+from tlt.samples_stream import SamplesStream
+from tlt.v1 import drafter_pb2 as pb
+from tlt.v1 import drafter_pb2_grpc
+from tlt.weight_channel import WeightChannel
+
+logger = logging.getLogger(__name__)
+
+
+class SpotWorkerConfig(BaseModel):
+    """What one spot worker trains, on what, and how often it looks up."""
+
+    job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    worker_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    policy_path: str
+    samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
+    eval_fraction: float = Field(0.2, gt=0, lt=1)
+    draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
+    training: DrafterTrainingConfig = Field(default_factory=lambda: DrafterTrainingConfig(epochs=2))
+    heartbeat_s: float = Field(5.0, gt=0, description="seconds between lease renewals (well below the lease TTL)")
+    idle_grace_s: float = Field(1.0, ge=0, description="the server must stay idle this long first")
+    seed: int = 0
+
+
+class Preempted(Exception):
+    """The rollout server got work: the slice stops."""
+
+
+class NoSamples(Exception):
+    """Too few samples in the stream to train on yet."""
+
+
+@dataclass
+class SliceResult:
+    """What one slice did: committed a version, or was preempted (and how fast it let go)."""
+
+    base_version: int
+    version: int | None = None
+    accept_length_before: float = 0.0
+    accept_length: float = 0.0
+    steps: int = 0
+    preempted: bool = False
+    preempt_latency_s: float | None = None  # from the server turning busy to the slice stopping
+
+
+def server_busy(server_url: str) -> bool:
+    """Whether the SGLang server has running or waiting requests (`/v1/loads`)."""
+    answer = requests.get(f"{server_url}/v1/loads", params={"include": "core"}, timeout=5).json()
+    return any(load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0) > 0 for load in answer.get("loads", []))
+
+
+class SpotWorker:
+    """Runs slices on one rollout server's idle time."""
+
+    def __init__(
+        self,
+        config: SpotWorkerConfig,
+        channel: WeightChannel,
+        samples: SamplesStream,
+        stub: drafter_pb2_grpc.DrafterServiceStub,
+        busy: Callable[[], bool],
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> None:
+        self.config, self.channel, self.samples, self.stub = config, channel, samples, stub
+        self.busy, self.metadata = busy, metadata
+        self.policy = AutoModelForCausalLM.from_pretrained(config.policy_path, dtype=torch.float32).eval()
+        self.parts = PolicyParts(self.policy)
+        self._stop = threading.Event()
+        self._busy_since: float | None = None
+        self._lease: pb.LeaseRef | None = None
+        self._renewed = 0.0
+
+    def _check(self) -> None:
+        """Between two units of work: raise Preempted when the server has work; keep the lease."""
+        if self.busy():
+            self._busy_since = self._busy_since or time.monotonic()
+            raise Preempted
+        if self._lease is not None and time.monotonic() - self._renewed > self.config.heartbeat_s:
+            self.stub.Heartbeat(self._lease, metadata=self.metadata)
+            self._renewed = time.monotonic()
+
+    def run_slice(self) -> SliceResult:
+        """Lease, train, commit (or release when preempted)."""
+        grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
+        ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
+        result = SliceResult(base_version=grant.base_version)
+        self._busy_since, self._lease, self._renewed = None, ref, time.monotonic()
+        try:
+            drafter = EagleDrafter(self.policy.config)
+            drafter.load_state_dict(self.channel.load(grant.base_version)[1])
+            train, held_out = self._data()
+            train_features = []
+            for sequence in train:
+                self._check()
+                train_features.append(policy_features(self.policy, sequence.token_ids))
+            eval_features = []
+            for sequence in held_out:
+                self._check()
+                eval_features.append(policy_features(self.policy, sequence.token_ids))
+            result.accept_length_before = mean_accept_length(drafter, self.parts, held_out, eval_features, self.config.draft_steps, 1)
+            batches = pack(train, train_features, self.config.training.tokens_per_row)
+
+            def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
+                result.steps = step
+                self._check()
+
+            train_drafter(drafter, self.parts, batches, self.config.training, on_step=on_step)
+            drafter.eval()
+            result.accept_length = mean_accept_length(drafter, self.parts, held_out, eval_features, self.config.draft_steps, 1)
+            weights = save_blob({name: t.detach().contiguous() for name, t in drafter.state_dict().items()})
+            commit = pb.CommitRequest(
+                lease_id=grant.lease_id, job_id=grant.job_id, weights=weights, accept_length=result.accept_length
+            )
+            result.version = self.stub.Commit(commit, metadata=self.metadata).version
+        except Preempted:
+            result.preempted = True
+            result.preempt_latency_s = time.monotonic() - (self._busy_since or time.monotonic())
+            self.stub.Release(ref, metadata=self.metadata)
+        except NoSamples as err:
+            logger.info("spot worker: %s; slice given back", err)
+            self.stub.Release(ref, metadata=self.metadata)
+        except BaseException:
+            try:
+                self.stub.Release(ref, metadata=self.metadata)
+            except grpc.RpcError:
+                pass
+            raise
+        finally:
+            self._lease = None
+        return result
+
+    def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:
+        records = self.samples.latest(self.config.samples)
+        sequences = [PolicySequence(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records if len(r.output_ids) > 1]
+        if len(sequences) < 4:
+            raise NoSamples(f"{len(sequences)} usable samples in the stream")
+        random.Random(self.config.seed).shuffle(sequences)
+        cut = max(1, int(len(sequences) * self.config.eval_fraction))
+        return sequences[cut:], sequences[:cut]
+
+    def run_forever(self, poll_s: float = 0.2, on_slice: Callable[[SliceResult], None] | None = None) -> None:
+        """Run slices whenever the server has been idle for the grace period, until `stop()`."""
+        idle_since: float | None = None
+        while not self._stop.wait(poll_s):
+            try:
+                if self.busy():
+                    idle_since = None
+                    continue
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since < self.config.idle_grace_s:
+                    continue
+                result = self.run_slice()
+                if on_slice is not None:
+                    on_slice(result)
+            except grpc.RpcError as err:  # leased elsewhere, service restarting: try later
+                logger.info("spot worker: no slice now (%s)", err.details())
+            except requests.RequestException as err:
+                logger.warning("spot worker: rollout server unreachable (%s)", err)
+            idle_since = None
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,106 @@
+"""The spot worker with a real rollout server, drafter service and Redis: an idle-time slice
+trains a fresh drafter on the job's samples and commits a better version; a request arriving at
+the server preempts a slice within one training micro-step and the lease is given back."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import requests
+from transformers import AutoTokenizer
+
+from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, server_busy
+from tlt.drafter.training import DrafterTrainingConfig
+from tlt.paths import BUNDLED_MODEL
+from tlt.samples_stream import SamplesStream
+from tlt.server_process import GrpcServiceProcess, RolloutServerProcess
+from tlt.tasks import GcdTask
+from tlt.v1 import drafter_pb2 as pb
+from tlt.v1 import drafter_pb2_grpc
+from tlt.weight_channel import WeightChannel
+
+pytestmark = pytest.mark.slow
+JOB = f"spot-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module")
+def setup(redis_server, tmp_path_factory) -> Iterator[tuple[RolloutServerProcess, SpotWorker]]:
+    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    logs = tmp_path_factory.mktemp("spot")
+    service = GrpcServiceProcess("drafter_service", logs / "service.log", env=env).start(timeout_s=60)
+    server = RolloutServerProcess(BUNDLED_MODEL, logs / "server.log", args=["--samples-job", JOB, "--random-seed", "0"], env=env)
+    with service, server.start(), grpc.insecure_channel(service.target) as channel:
+        stub = drafter_pb2_grpc.DrafterServiceStub(channel)
+        stub.RegisterDrafter(pb.RegisterDrafterRequest(job_id=JOB, policy_path=str(BUNDLED_MODEL)))  # fresh: v1
+        tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+        prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(96, seed=5, split="train")]
+        payload = {"input_ids": prompts * 2, "sampling_params": {"max_new_tokens": 300, "temperature": 1.0}}
+        requests.post(f"{server.url}/generate", json=payload, timeout=600).raise_for_status()
+        client = redis_server.settings.client()
+        config = SpotWorkerConfig(
+            job_id=JOB,
+            worker_id="pod-0",
+            policy_path=str(BUNDLED_MODEL),
+            training=DrafterTrainingConfig(epochs=6, tokens_per_row=512, rows_per_step=2, lr=3e-3),
+        )
+        worker = SpotWorker(
+            config, WeightChannel(client, JOB, "drafter"), SamplesStream(client, JOB), stub, lambda: server_busy(server.url)
+        )
+        yield server, worker
+
+
+def test_finished_rollouts_reach_the_samples_stream(setup, redis_server) -> None:
+    assert len(SamplesStream(redis_server.settings.client(), JOB)) == 192
+
+
+def test_an_idle_slice_commits_a_better_drafter(setup) -> None:
+    server, worker = setup
+    assert not server_busy(server.url)
+    result = worker.run_slice()
+    print(f"slice: v{result.base_version} -> v{result.version}, accept length {result.accept_length_before:.2f} -> {result.accept_length:.2f}")
+    assert not result.preempted and result.version == result.base_version + 1
+    assert result.accept_length > result.accept_length_before + 0.3
+    info = worker.stub.GetDrafter(pb.DrafterRef(job_id=JOB))
+    assert info.latest_version == result.version and info.active_lease_id == ""
+    assert info.history[-1].accept_length == pytest.approx(result.accept_length)
+
+
+def test_a_request_preempts_the_slice_within_a_micro_step(setup) -> None:
+    server, worker = setup
+    steps_seen = threading.Event()
+    busy = worker.busy
+    checks = [0]
+
+    def counting_busy() -> bool:
+        checks[0] += 1
+        if checks[0] > 3:
+            steps_seen.set()
+        return busy()
+
+    worker.busy = counting_busy
+    outcome = {}
+    slice_thread = threading.Thread(target=lambda: outcome.setdefault("result", worker.run_slice()))
+    slice_thread.start()
+    assert steps_seen.wait(120), "the slice never started checking"
+    sent = time.monotonic()
+    load = threading.Thread(
+        target=lambda: requests.post(
+            f"{server.url}/generate",
+            json={"input_ids": [[5, 6, 0, 3, 6, 11]], "sampling_params": {"max_new_tokens": 400, "ignore_eos": True}},
+            timeout=120,
+        )
+    )
+    load.start()
+    slice_thread.join(120)
+    stopped = time.monotonic()
+    load.join()
+    worker.busy = busy
+    result = outcome["result"]
+    print(f"preempted {stopped - sent:.3f} s after the request was sent ({result.preempt_latency_s:.3f} s after busy was seen)")
+    assert result.preempted and result.version is None
+    assert worker.stub.GetDrafter(pb.DrafterRef(job_id=JOB)).active_lease_id == ""
