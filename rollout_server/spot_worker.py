@@ -45,9 +45,11 @@ class SpotWorkerConfig(BaseModel):
     samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
     eval_fraction: float = Field(0.2, gt=0, lt=1)
     draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
+    eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
     training: DrafterTrainingConfig = Field(default_factory=lambda: DrafterTrainingConfig(epochs=2))
     heartbeat_s: float = Field(5.0, gt=0, description="seconds between lease renewals (well below the lease TTL)")
     idle_grace_s: float = Field(1.0, ge=0, description="the server must stay idle this long first")
+    min_new_samples: int = Field(32, ge=1, description="new samples needed before the next slice")
     seed: int = 0
 
 
@@ -126,7 +128,8 @@ class SpotWorker:
             for sequence in held_out:
                 self._check()
                 eval_features.append(policy_features(self.policy, sequence.token_ids))
-            result.accept_length_before = mean_accept_length(drafter, self.parts, held_out, eval_features, self.config.draft_steps, 1)
+            measure = (self.config.draft_steps, self.config.eval_every)
+            result.accept_length_before = mean_accept_length(drafter, self.parts, held_out, eval_features, *measure)
             batches = pack(train, train_features, self.config.training.tokens_per_row)
 
             def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
@@ -135,7 +138,7 @@ class SpotWorker:
 
             train_drafter(drafter, self.parts, batches, self.config.training, on_step=on_step)
             drafter.eval()
-            result.accept_length = mean_accept_length(drafter, self.parts, held_out, eval_features, self.config.draft_steps, 1)
+            result.accept_length = mean_accept_length(drafter, self.parts, held_out, eval_features, *measure)
             weights = save_blob({name: t.detach().contiguous() for name, t in drafter.state_dict().items()})
             commit = pb.CommitRequest(
                 lease_id=grant.lease_id, job_id=grant.job_id, weights=weights, accept_length=result.accept_length
@@ -168,8 +171,10 @@ class SpotWorker:
         return sequences[cut:], sequences[:cut]
 
     def run_forever(self, poll_s: float = 0.2, on_slice: Callable[[SliceResult], None] | None = None) -> None:
-        """Run slices whenever the server has been idle for the grace period, until `stop()`."""
+        """Run slices whenever the server has been idle for the grace period and enough new
+        samples have arrived since the last committed slice, until `stop()`."""
         idle_since: float | None = None
+        trained_up_to = "0-0"
         while not self._stop.wait(poll_s):
             try:
                 if self.busy():
@@ -178,7 +183,12 @@ class SpotWorker:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since < self.config.idle_grace_s:
                     continue
+                if self.samples.count_after(trained_up_to, self.config.min_new_samples) < self.config.min_new_samples:
+                    continue
+                newest = self.samples.last_id()
                 result = self.run_slice()
+                if result.version is not None:
+                    trained_up_to = newest
                 if on_slice is not None:
                     on_slice(result)
             except grpc.RpcError as err:  # leased elsewhere, service restarting: try later
@@ -189,3 +199,51 @@ class SpotWorker:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m rollout_server.spot_worker`: slices on the server's idle time until SIGTERM."""
+    import signal
+    import sys
+
+    from pydantic import ValidationError
+    from pydantic_settings import CliApp
+
+    from tlt.settings import RedisSettings, SpotWorkerSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = CliApp.run(SpotWorkerSettings, cli_args=sys.argv[1:] if argv is None else argv)
+    except ValidationError as err:
+        sys.exit(f"spot_worker: invalid settings:\n{err}")
+    torch.set_num_threads(settings.threads)
+    client = RedisSettings().client()
+    metadata = (("authorization", f"Bearer {settings.auth_token.get_secret_value()}"),) if settings.auth_token else ()
+    config = SpotWorkerConfig(
+        job_id=settings.job_id,
+        worker_id=settings.worker_id,
+        policy_path=str(settings.policy_path),
+        samples=settings.samples,
+        idle_grace_s=settings.idle_grace_s,
+        min_new_samples=settings.min_new_samples,
+        training=DrafterTrainingConfig(epochs=settings.epochs),
+    )
+    with grpc.insecure_channel(settings.drafter_service) as channel:
+        worker = SpotWorker(
+            config,
+            WeightChannel(client, settings.job_id, "drafter"),
+            SamplesStream(client, settings.job_id),
+            drafter_pb2_grpc.DrafterServiceStub(channel),
+            lambda: server_busy(settings.server_url),
+            metadata,
+        )
+        signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+
+        def report(result: SliceResult) -> None:
+            logger.info("slice: %s", result)
+
+        worker.run_forever(poll_s=settings.poll_s, on_slice=report)
+
+
+if __name__ == "__main__":
+    main()

@@ -195,6 +195,11 @@ def test_samples_stream_appends_reads_and_caps(client: redis.Redis, job: str) ->
     assert stream.read(after=first, count=5)[0][1].prompt_ids[0] >= 2
     with pytest.raises(ValidationError):
         SampleRecord(prompt_ids=[-1], output_ids=[])
+    newest = stream.last_id()
+    assert stream.count_after(newest, 10) == 0
+    stream.add_many([SampleRecord(prompt_ids=[3], output_ids=[4]) for _ in range(3)])
+    assert stream.count_after(newest, 10) == 3 and stream.count_after(newest, 2) == 2
+    assert [r.prompt_ids for r in stream.latest(2)] == [[3], [3]]
 
 
 def test_persistent_server_keeps_the_weights_across_a_restart(tmp_path: Path, job: str) -> None:
@@ -204,3 +209,11 @@ def test_persistent_server_keeps_the_weights_across_a_restart(tmp_path: Path, jo
     with EmbeddedRedis(data_dir=tmp_path / "data", password="s3cret", port=port) as second:
         manifest, tensors = WeightChannel(second.settings.client(), job, "drafter").load()
     assert manifest.version == 1 and torch.equal(tensors["fc.weight"], _tensors(1)["fc.weight"])
+
+
+def test_a_started_server_is_not_started_again_by_with(tmp_path: Path) -> None:
+    server = EmbeddedRedis(log_path=tmp_path / "redis.log").start()
+    first = server.process
+    with server:
+        assert server.process is first
+    assert first.poll() is not None

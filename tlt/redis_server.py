@@ -100,7 +100,8 @@ class EmbeddedRedis:
             self.process.wait()
 
     def __enter__(self) -> Self:
-        return self.start()
+        running = self.process is not None and self.process.poll() is None
+        return self if running else self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

@@ -65,5 +65,17 @@ class SamplesStream:
         entries = self.client.xrevrange(self.key, count=count)
         return [SampleRecord.model_validate_json(fields.get(b"sample", fields.get("sample"))) for _, fields in reversed(entries)]
 
+    def last_id(self) -> str:
+        """Stream id of the newest sample ("0-0" when empty)."""
+        entries = self.client.xrevrange(self.key, count=1)
+        if not entries:
+            return "0-0"
+        entry_id = entries[0][0]
+        return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+    def count_after(self, entry_id: str, limit: int) -> int:
+        """How many samples came after `entry_id`, counting up to `limit`."""
+        return len(self.client.xrange(self.key, min=f"({entry_id}", count=limit))
+
     def __len__(self) -> int:
         return int(self.client.xlen(self.key))

@@ -113,7 +113,8 @@ class ServiceProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def __enter__(self) -> Self:
-        return self.start()
+        # `with process.start(timeout_s=...)` is fine too: a running process is not started twice.
+        return self if self.alive() else self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()

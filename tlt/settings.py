@@ -246,3 +246,34 @@ class DrafterServiceSettings(BaseSettings):
         256 * 1024 * 1024, ge=1024 * 1024, le=2**31 - 1, description="largest gRPC message (a commit carries weights)"
     )
     workers: int = Field(8, ge=1, le=256, description="gRPC worker threads")
+
+
+class SpotWorkerSettings(BaseSettings):
+    """Flags of `python -m rollout_server.spot_worker` (also `TLT_SPOT_*`; Redis: `TLT_REDIS_*`)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TLT_SPOT_",
+        cli_prog_name="python -m rollout_server.spot_worker",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        extra="forbid",
+    )
+
+    server_url: str = Field(description="the rollout server this worker sits beside, e.g. http://127.0.0.1:30000")
+    drafter_service: str = Field(description="host:port of the drafter gRPC service")
+    auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
+    job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    worker_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="names this worker in leases and history")
+    policy_path: Path = Field(description="HF checkpoint of the policy (for its features)")
+    samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
+    epochs: int = Field(2, ge=1, le=1000, description="passes over the samples per slice")
+    min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples needed before the next slice")
+    idle_grace_s: float = Field(1.0, ge=0, le=3600, description="the server must stay idle this long first")
+    poll_s: float = Field(0.2, gt=0, le=60, description="how often idleness is checked between slices")
+    threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="torch threads for training on the CPU; more than the cores left free makes OpenMP "
+        "spin against the rollout server (measured: the slice stalled until its neighbour went idle)",
+    )
