@@ -34,6 +34,7 @@ test-quick: install
 bench: install
 	$(PY) -m benchmarks.engine_vs_hf
 	$(PY) -m benchmarks.long_tail_rollout
+	$(PY) -m benchmarks.spot_training
 
 tiny-model: install
 	$(VENV)/bin/tlt make-tiny-model

@@ -40,7 +40,7 @@ MODES = {
     "adaptive SD": ["--speculative", "adaptive"],
 }
 POLL_S = 0.2
-_GAUGE = re.compile(r"^(sglang:num_running_reqs|tlt_sd_draft_steps)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.M)
+_GAUGE = re.compile(r"^(sglang:num_running_reqs|tlt_sd_draft_steps)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.MULTILINE)
 
 
 class MetricsPoller(threading.Thread):

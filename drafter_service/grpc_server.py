@@ -12,7 +12,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, ValidationError
 
-from drafter_service.store import AlreadyExists, DrafterInfo, DrafterStore, FailedPrecondition, Lease, NotFound
+from drafter_service.store import (
+    AlreadyExists,
+    DrafterInfo,
+    DrafterStore,
+    FailedPrecondition,
+    Lease,
+    NotFound,
+)
 from tlt import drafter_api as api
 from tlt.settings import DrafterServiceSettings
 from tlt.v1 import drafter_pb2, drafter_pb2_grpc
@@ -70,28 +77,28 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
     def __init__(self, store: DrafterStore) -> None:
         self.store = store
 
-    def RegisterDrafter(self, request, context):  # noqa: N802 (gRPC method names)
+    def RegisterDrafter(self, request, context):
         return _info(_call(context, self.store.register, validated(api.RegisterDrafterRequest, request, context)))
 
-    def GetDrafter(self, request, context):  # noqa: N802
+    def GetDrafter(self, request, context):
         ref = validated(api.DrafterRef, request, context)
         return _info(_call(context, self.store.info, ref.job_id))
 
-    def Lease(self, request, context):  # noqa: N802
+    def Lease(self, request, context):
         return _grant(_call(context, self.store.lease, validated(api.LeaseRequest, request, context)))
 
-    def Heartbeat(self, request, context):  # noqa: N802
+    def Heartbeat(self, request, context):
         return _grant(_call(context, self.store.heartbeat, validated(api.LeaseRef, request, context)))
 
-    def Commit(self, request, context):  # noqa: N802
+    def Commit(self, request, context):
         version = _call(context, self.store.commit, validated(api.CommitRequest, request, context))
         return drafter_pb2.CommitResult(version=version)
 
-    def Release(self, request, context):  # noqa: N802
+    def Release(self, request, context):
         released = _call(context, self.store.release, validated(api.LeaseRef, request, context))
         return drafter_pb2.ReleaseResult(released=released)
 
-    def ExportDrafter(self, request, context):  # noqa: N802
+    def ExportDrafter(self, request, context):
         pieces = _call(context, lambda r: list(self.store.export(r)), validated(api.ExportRequest, request, context))
         for path, offset, data, version in pieces:
             yield drafter_pb2.ExportChunk(path=path, offset=offset, data=data, version=version)

@@ -112,7 +112,7 @@ class DrafterSwapper:
                 model.load_weights(list(tensors.items()))
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-        except Exception as err:  # a shape or name that does not fit: undo, keep the old drafter
+        except Exception as err:  # noqa: BLE001 (any loader error: undo, keep the old drafter)
             for model, snapshot in zip(models, snapshots):
                 params = _own_parameters(model)
                 with torch.no_grad():

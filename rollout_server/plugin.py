@@ -20,8 +20,8 @@ from rollout_server import cpu
 from rollout_server.adaptive_policy import BanditSpecPolicy
 from rollout_server.cpu import attention, ops, sampling
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV, DrafterSwapper, swapper_for
-from rollout_server.sample_recorder import SAMPLES_JOB_ENV, SampleRecorder, recorder_from_env
 from rollout_server.request_checks import check_prompt_ids
+from rollout_server.sample_recorder import SAMPLES_JOB_ENV, SampleRecorder, recorder_from_env
 
 logger = logging.getLogger(__name__)
 

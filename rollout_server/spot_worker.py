@@ -72,6 +72,8 @@ class SliceResult:
     steps: int = 0
     preempted: bool = False
     preempt_latency_s: float | None = None  # from the server turning busy to the slice stopping
+    started_at: float = 0.0  # time.monotonic() when the lease was granted
+    ended_at: float = 0.0  # ... and when the slice let go of it
 
 
 def server_busy(server_url: str) -> bool:
@@ -114,7 +116,7 @@ class SpotWorker:
         """Lease, train, commit (or release when preempted)."""
         grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
         ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
-        result = SliceResult(base_version=grant.base_version)
+        result = SliceResult(base_version=grant.base_version, started_at=time.monotonic())
         self._busy_since, self._lease, self._renewed = None, ref, time.monotonic()
         try:
             drafter = EagleDrafter(self.policy.config)
@@ -159,6 +161,7 @@ class SpotWorker:
             raise
         finally:
             self._lease = None
+            result.ended_at = time.monotonic()
         return result
 
     def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:

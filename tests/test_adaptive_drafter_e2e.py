@@ -10,7 +10,6 @@ HF transformers before and after.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import time
@@ -24,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_server.spot_worker import server_busy
+from tests.metrics import metric_value
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_MODEL
 from tlt.server_process import GrpcServiceProcess, RolloutServerProcess, ServiceProcess
@@ -65,9 +65,7 @@ def _tokens_per_verification(server: RolloutServerProcess, prompts, reference) -
 
 
 def _drafter_version(server: RolloutServerProcess) -> float:
-    text = requests.get(f"{server.url}/metrics", timeout=30).text
-    match = re.search(r"^tlt_drafter_version(?:\{[^}]*\})? ([0-9.e+-]+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+    return metric_value(server.url, "tlt_drafter_version")
 
 
 def test_idle_server_trains_the_drafter_while_the_other_finishes(redis_server, tmp_path: Path) -> None:

@@ -14,19 +14,27 @@ from benchmarks.common import RESULTS
 pytestmark = pytest.mark.slow
 
 
-def test_long_tail_rollout_quick_runs_all_three_modes_with_identical_outputs() -> None:
+def _run_quick(name: str) -> dict:
+    """Run `benchmarks.<name> --quick` as a user would; its JSON."""
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.long_tail_rollout", "--quick"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick"], capture_output=True, text=True, timeout=900, check=False
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    data = json.loads((RESULTS / "long_tail_rollout_quick.json").read_text())
+    return json.loads((RESULTS / f"{name}_quick.json").read_text())
+
+
+def test_long_tail_rollout_quick_runs_all_three_modes_with_identical_outputs() -> None:
+    data = _run_quick("long_tail_rollout")
     (scenario,) = data["scenarios"]
     assert [m["mode"] for m in scenario["modes"]] == ["no SD", "always-on SD", "adaptive SD"]
     assert scenario["outputs_identical"]
     adaptive = scenario["modes"][-1]
     assert adaptive["timeline"] and any(s["draft_steps"] >= 0 for s in adaptive["timeline"])
     assert (RESULTS / "long_tail_rollout_quick.png").stat().st_size > 0
+
+
+def test_spot_training_quick_measures_both_configurations() -> None:
+    data = _run_quick("spot_training")
+    assert sorted({row["spot_worker"] for row in data["rows"]}) == [False, True]
+    assert len(data["rows"]) == 2 * data["rounds"]
+    assert data["batch_s_with_worker"] > 0 and data["batch_s_without_worker"] > 0

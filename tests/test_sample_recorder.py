@@ -10,11 +10,11 @@ from tlt.samples_stream import SamplesStream
 from tlt.settings import RedisSettings
 
 
-class FINISH_ABORT:  # noqa: N801 (SGLang's class name, which the recorder recognises)
+class FINISH_ABORT:
     pass
 
 
-class FINISH_LENGTH:  # noqa: N801
+class FINISH_LENGTH:
     pass
 
 

@@ -21,7 +21,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.rollout_client import SamplingParams
 from tlt.server_process import RolloutServerProcess
 from tlt.tasks import GcdTask
 
@@ -84,7 +83,7 @@ def test_greedy_outputs_equal_hf_generate(sd_server, batch: int) -> None:
 
 def _metric_samples(server: RolloutServerProcess, metric: str) -> dict[tuple[str, str], float]:
     text = requests.get(f"{server.url}/metrics", timeout=30).text
-    pattern = re.compile(rf'^{metric}\{{bucket="(\d+)",draft_steps="(\d+)"\}} ([0-9.e+]+)$', re.M)
+    pattern = re.compile(rf'^{metric}\{{bucket="(\d+)",draft_steps="(\d+)"\}} ([0-9.e+]+)$', re.MULTILINE)
     return {(b, s): float(v) for b, s, v in pattern.findall(text)}
 
 

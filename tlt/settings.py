@@ -21,6 +21,13 @@ SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 
 
+def _process_flags(env_prefix: str, prog: str) -> SettingsConfigDict:
+    """How every TLT process reads its flags: kebab-case CLI, `<prefix>*` environment variables."""
+    return SettingsConfigDict(
+        env_prefix=env_prefix, cli_prog_name=prog, cli_kebab_case=True, cli_implicit_flags=True, extra="forbid"
+    )
+
+
 def cuda_available() -> bool:
     """Whether a CUDA device is usable (imports torch lazily: the CLI must start fast)."""
     import torch
@@ -34,13 +41,7 @@ class RolloutServerSettings(BaseSettings):
     Arguments after `--` go to SGLang unchanged (see `sglang serve --help`).
     """
 
-    model_config = SettingsConfigDict(
-        env_prefix="TLT_ROLLOUT_",
-        cli_prog_name="python -m rollout_server",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
-        extra="forbid",
-    )
+    model_config = _process_flags("TLT_ROLLOUT_", "python -m rollout_server")
 
     model_path: Path = Field(description="HF-format checkpoint directory (config, safetensors, tokenizer)")
     host: str = Field("127.0.0.1", description="address to listen on")
@@ -227,13 +228,7 @@ class RedisSettings(BaseSettings):
 class DrafterServiceSettings(BaseSettings):
     """Flags of `python -m drafter_service` (also `TLT_DRAFTER_*` variables; Redis: `TLT_REDIS_*`)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="TLT_DRAFTER_",
-        cli_prog_name="python -m drafter_service",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
-        extra="forbid",
-    )
+    model_config = _process_flags("TLT_DRAFTER_", "python -m drafter_service")
 
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(50061, ge=1, le=65535, description="gRPC port")
@@ -251,13 +246,7 @@ class DrafterServiceSettings(BaseSettings):
 class SpotWorkerSettings(BaseSettings):
     """Flags of `python -m rollout_server.spot_worker` (also `TLT_SPOT_*`; Redis: `TLT_REDIS_*`)."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="TLT_SPOT_",
-        cli_prog_name="python -m rollout_server.spot_worker",
-        cli_kebab_case=True,
-        cli_implicit_flags=True,
-        extra="forbid",
-    )
+    model_config = _process_flags("TLT_SPOT_", "python -m rollout_server.spot_worker")
 
     server_url: str = Field(description="the rollout server this worker sits beside, e.g. http://127.0.0.1:30000")
     drafter_service: str = Field(description="host:port of the drafter gRPC service")

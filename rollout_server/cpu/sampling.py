@@ -44,7 +44,7 @@ def tree_speculative_sampling_target_only_cpu(
     the drafts are treated as point proposals, like the CUDA op with zero draft probabilities.
     """
     del draft_probs, deterministic
-    batch, num_draft = candidates.shape
+    batch = candidates.shape[0]
     max_accept = accept_index.shape[1]
     tokens, next_token, next_sibling = candidates.tolist(), retrive_next_token.tolist(), retrive_next_sibling.tolist()
     flat_index, coins = retrive_index.tolist(), uniform_samples.tolist()
