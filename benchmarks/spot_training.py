@@ -30,8 +30,7 @@ import typer
 from transformers import AutoTokenizer
 
 from benchmarks.common import RESULTS, write_json
-from rollout_server.spot_worker import SliceResult, SpotWorker, SpotWorkerConfig, server_busy
-from tlt.drafter.training import DrafterTrainingConfig
+from rollout_server.spot_worker import SliceResult, SpotWorker, SpotWorkerConfig, server_busy, spot_training
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.redis_server import EmbeddedRedis
 from tlt.samples_stream import SamplesStream
@@ -82,7 +81,7 @@ def main(
             client = redis_server.settings.client()
             config = SpotWorkerConfig(
                 job_id=job, worker_id="bench", policy_path=str(BUNDLED_MODEL), idle_grace_s=0.5, min_new_samples=16,
-                training=DrafterTrainingConfig(epochs=2),
+                training=spot_training(epochs=2),
             )  # fmt: skip
             worker = SpotWorker(
                 config, WeightChannel(client, job, "drafter"), SamplesStream(client, job), stub, lambda: server_busy(server.url)
@@ -109,6 +108,8 @@ def main(
                             "spot_worker": with_worker,
                             "batch_s": round(seconds, 3),
                             "preempt_latency_s": round(ended[0].ended_at - sent, 3) if ended and ended[0].preempted else None,
+                            # of which: from the server showing the batch to the slice letting go
+                            "stop_after_busy_s": round(ended[0].preempt_latency_s, 3) if ended and ended[0].preempted else None,
                         }
                     )
                     typer.echo(f"round {r} worker={with_worker}: batch {seconds:.2f} s")

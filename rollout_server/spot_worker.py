@@ -1,7 +1,8 @@
 """The spot worker beside a rollout server: while its server is idle it leases a slice of the
 job's drafter from the drafter service, trains it on the job's recent samples and commits the
-result as a new version; a generation request arriving at the server preempts it within one
-training micro-step (the slice is released, not committed).
+result as a new version when it accepts more on held-out samples than the version it started
+from; a generation request arriving at the server preempts it within one unit of work (a
+training micro-step, a sample's features): the slice is released, not committed.
 
 Features (the policy's last hidden states) are computed here with transformers. DESIGN.md wants
 them from the rollout server itself (`return_hidden_states`), which saves a second copy of the
@@ -12,6 +13,7 @@ policy on a GPU; on the CPU with the tiny model the copy is 3 MB and the numbers
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -25,8 +27,8 @@ from pydantic import BaseModel, Field
 from safetensors.torch import save as save_blob
 from transformers import AutoModelForCausalLM
 
+from tlt.drafter.acceptance import chain_accept_lengths, response_starts
 from tlt.drafter.model import EagleDrafter, PolicyParts
-from tlt.drafter.offline import mean_accept_length
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, pack, policy_features, train_drafter
 from tlt.samples_stream import SamplesStream
 from tlt.v1 import drafter_pb2 as pb
@@ -34,6 +36,11 @@ from tlt.v1 import drafter_pb2_grpc
 from tlt.weight_channel import WeightChannel
 
 logger = logging.getLogger(__name__)
+
+
+def spot_training(epochs: int) -> DrafterTrainingConfig:
+    """Drafter training in small micro-steps: the worker gives the machine back between two."""
+    return DrafterTrainingConfig(epochs=epochs, tokens_per_row=1024, rows_per_step=1)
 
 
 class SpotWorkerConfig(BaseModel):
@@ -46,7 +53,7 @@ class SpotWorkerConfig(BaseModel):
     eval_fraction: float = Field(0.2, gt=0, lt=1)
     draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
     eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
-    training: DrafterTrainingConfig = Field(default_factory=lambda: DrafterTrainingConfig(epochs=2))
+    training: DrafterTrainingConfig = Field(default_factory=lambda: spot_training(epochs=2))
     heartbeat_s: float = Field(5.0, gt=0, description="seconds between lease renewals (well below the lease TTL)")
     idle_grace_s: float = Field(1.0, ge=0, description="the server must stay idle this long first")
     min_new_samples: int = Field(32, ge=1, description="new samples needed before the next slice")
@@ -130,8 +137,7 @@ class SpotWorker:
             for sequence in held_out:
                 self._check()
                 eval_features.append(policy_features(self.policy, sequence.token_ids))
-            measure = (self.config.draft_steps, self.config.eval_every)
-            result.accept_length_before = mean_accept_length(drafter, self.parts, held_out, eval_features, *measure)
+            result.accept_length_before = self._accept_length(drafter, held_out, eval_features)
             batches = pack(train, train_features, self.config.training.tokens_per_row)
 
             def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
@@ -140,7 +146,12 @@ class SpotWorker:
 
             train_drafter(drafter, self.parts, batches, self.config.training, on_step=on_step)
             drafter.eval()
-            result.accept_length = mean_accept_length(drafter, self.parts, held_out, eval_features, *measure)
+            result.accept_length = self._accept_length(drafter, held_out, eval_features)
+            if result.accept_length <= result.accept_length_before:
+                # A slice that made the drafter worse on held-out samples is not published.
+                logger.info("spot worker: slice did not improve (%.2f -> %.2f); not committed", result.accept_length_before, result.accept_length)
+                self.stub.Release(ref, metadata=self.metadata)
+                return result
             weights = save_blob({name: t.detach().contiguous() for name, t in drafter.state_dict().items()})
             commit = pb.CommitRequest(
                 lease_id=grant.lease_id, job_id=grant.job_id, weights=weights, accept_length=result.accept_length
@@ -164,6 +175,15 @@ class SpotWorker:
             result.ended_at = time.monotonic()
         return result
 
+    def _accept_length(self, drafter: EagleDrafter, sequences: list[PolicySequence], features: list[torch.Tensor]) -> float:
+        """Held-out accept length (as `tlt drafter train` measures it), preemptible between sequences."""
+        lengths: list[int] = []
+        for sequence, feats in zip(sequences, features):
+            self._check()
+            starts = response_starts(sequence, self.config.draft_steps, self.config.eval_every)
+            lengths += chain_accept_lengths(drafter, self.parts, sequence, feats, self.config.draft_steps, starts)
+        return sum(lengths) / max(1, len(lengths))
+
     def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:
         records = self.samples.latest(self.config.samples)
         sequences = [PolicySequence(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records if len(r.output_ids) > 1]
@@ -176,6 +196,9 @@ class SpotWorker:
     def run_forever(self, poll_s: float = 0.2, on_slice: Callable[[SliceResult], None] | None = None) -> None:
         """Run slices whenever the server has been idle for the grace period and enough new
         samples have arrived since the last committed slice, until `stop()`."""
+        # Lowest CPU priority for this thread: what the worker computes while the server is already
+        # busy again (until its next check) should delay the rollouts as little as possible.
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         idle_since: float | None = None
         trained_up_to = "0-0"
         while not self._stop.wait(poll_s):
@@ -190,7 +213,7 @@ class SpotWorker:
                     continue
                 newest = self.samples.last_id()
                 result = self.run_slice()
-                if result.version is not None:
+                if not result.preempted:  # trained on these samples (committed or not): wait for new ones
                     trained_up_to = newest
                 if on_slice is not None:
                     on_slice(result)
@@ -229,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
         samples=settings.samples,
         idle_grace_s=settings.idle_grace_s,
         min_new_samples=settings.min_new_samples,
-        training=DrafterTrainingConfig(epochs=settings.epochs),
+        training=spot_training(settings.epochs),
     )
     with grpc.insecure_channel(settings.drafter_service) as channel:
         worker = SpotWorker(
