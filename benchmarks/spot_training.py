@@ -30,6 +30,7 @@ import typer
 from transformers import AutoTokenizer
 
 from benchmarks.common import RESULTS, write_json
+from rollout_server.server_features import ServerFeatures
 from rollout_server.spot_worker import SliceResult, SpotWorker, SpotWorkerConfig, server_busy, spot_training
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.redis_server import EmbeddedRedis
@@ -84,7 +85,12 @@ def main(
                 training=spot_training(epochs=2),
             )  # fmt: skip
             worker = SpotWorker(
-                config, WeightChannel(client, job, "drafter"), SamplesStream(client, job), stub, lambda: server_busy(server.url)
+                config,
+                WeightChannel(client, job, "drafter"),
+                SamplesStream(client, job),
+                stub,
+                lambda: server_busy(server.url),
+                features=ServerFeatures(server.url),
             )
             _round(server, batches[0][:8], seed)  # first-request costs and some samples out of the way
             rows, slices = [], []

@@ -6,6 +6,7 @@ import logging
 import signal
 import sys
 
+import torch
 from pydantic import ValidationError
 from pydantic_settings import CliApp
 
@@ -22,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
         redis_settings = RedisSettings()
     except ValidationError as err:
         sys.exit(f"drafter_service: invalid settings:\n{err}")
+    torch.set_num_threads(settings.threads)
     client = redis_settings.client()
     client.ping()  # fail at start, not at the first call, when Redis is unreachable or refuses us
     store = DrafterStore(client, keep_versions=settings.keep_versions, lease_ttl_s=settings.lease_ttl_s)

@@ -3,6 +3,7 @@ serves gRPC health and server reflection, and checks an optional bearer token.""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent import futures
 from typing import TypeVar
@@ -20,6 +21,7 @@ from drafter_service.store import (
     Lease,
     NotFound,
 )
+from drafter_service.warmup import Cancelled, Warmup
 from tlt import drafter_api as api
 from tlt.settings import DrafterServiceSettings
 from tlt.v1 import drafter_pb2, drafter_pb2_grpc
@@ -55,6 +57,8 @@ def _call(context: grpc.ServicerContext, fn, *args):
         context.abort(grpc.StatusCode.ABORTED, str(err))
     except (BadBlob, ValueError) as err:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    except Cancelled:
+        context.abort(grpc.StatusCode.CANCELLED, "cancelled by the caller")
 
 
 def _info(info: DrafterInfo) -> drafter_pb2.DrafterInfo:
@@ -74,8 +78,8 @@ def _grant(lease: Lease) -> drafter_pb2.LeaseGrant:
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
-    def __init__(self, store: DrafterStore) -> None:
-        self.store = store
+    def __init__(self, store: DrafterStore, warmup: Warmup) -> None:
+        self.store, self.warmup = store, warmup
 
     def RegisterDrafter(self, request, context):
         return _info(_call(context, self.store.register, validated(api.RegisterDrafterRequest, request, context)))
@@ -102,6 +106,14 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
         pieces = _call(context, lambda r: list(self.store.export(r)), validated(api.ExportRequest, request, context))
         for path, offset, data, version in pieces:
             yield drafter_pb2.ExportChunk(path=path, offset=offset, data=data, version=version)
+
+    def Warmup(self, request, context):
+        events = self.warmup.run(validated(api.WarmupRequest, request, context), context.is_active)
+        try:
+            while (event := _call(context, next, events, None)) is not None:
+                yield drafter_pb2.WarmupProgress(**dataclasses.asdict(event))
+        finally:
+            events.close()  # a cancelled call stops the warm-up and gives its lease back
 
 
 class BearerTokenInterceptor(grpc.ServerInterceptor):
@@ -132,7 +144,8 @@ def build_server(settings: DrafterServiceSettings, store: DrafterStore) -> grpc.
         ("grpc.max_send_message_length", settings.max_message_bytes),
     ]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), interceptors=interceptors, options=limits)
-    drafter_pb2_grpc.add_DrafterServiceServicer_to_server(DrafterServicer(store), server)
+    servicer = DrafterServicer(store, Warmup(store, settings.data_dir))
+    drafter_pb2_grpc.add_DrafterServiceServicer_to_server(servicer, server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     for name in (SERVICE_NAME, ""):

@@ -116,7 +116,8 @@ class DrafterStore:
     def channel(self, job: str) -> WeightChannel:
         return WeightChannel(self.client, job, "drafter", keep=self.keep_versions)
 
-    def _record(self, job: str) -> DrafterRecord:
+    def record(self, job: str) -> DrafterRecord:
+        """The job's registration (NotFound when there is none)."""
         raw = self.client.get(self._key(job, "record"))
         if raw is None:
             raise NotFound(f"no drafter registered for job {job}")
@@ -143,7 +144,7 @@ class DrafterStore:
         self.client.rpush(self._key(job, "history"), entry.model_dump_json())
 
     def info(self, job: str) -> DrafterInfo:
-        record = self._record(job)
+        record = self.record(job)
         history = [DrafterVersion.model_validate_json(h) for h in self.client.lrange(self._key(job, "history"), 0, -1)]
         lease = self.client.get(self._key(job, "lease"))
         return DrafterInfo(
@@ -156,7 +157,7 @@ class DrafterStore:
 
     def lease(self, request: api.LeaseRequest) -> Lease:
         """Grant the job's one spot-training slice, or refuse while another is live."""
-        self._record(request.job_id)
+        self.record(request.job_id)
         base = self.channel(request.job_id).latest_version()
         if base is None:
             raise FailedPrecondition(f"job {request.job_id}'s drafter has no weights yet")
@@ -211,7 +212,7 @@ class DrafterStore:
 
     def export(self, request: api.ExportRequest):
         """(path, offset, piece, version) pieces of an SGLang-loadable checkpoint of a version."""
-        record = self._record(request.job_id)
+        record = self.record(request.job_id)
         try:
             manifest, blob = self.channel(request.job_id).read(request.version or None)
         except BadBlob as err:

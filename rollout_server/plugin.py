@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 
+import msgspec
 import torch
 
 from rollout_server import cpu
@@ -50,6 +51,7 @@ _SAMPLED_VERIFY_OPS = {
     "top_p_renorm_prob": sampling.top_p_renorm_prob,
 }
 _AMX_FALLBACK_PASS = "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks"
+_GET_LOADS = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_loads"
 
 
 def _defined(name: str) -> bool:
@@ -118,6 +120,22 @@ def _record_finished_samples(streamer, reqs, *args, **kwargs) -> None:
         _RECORDER[0].record_finished(reqs)
 
 
+def _count_requests_held_by_pause(original_fn, manager, *args, **kwargs):
+    """AROUND-hook on TokenizerManager.get_loads (`/v1/loads`): while generation is paused (a spot
+    worker's memory hand-off), new requests wait in the tokenizer manager, unseen by the scheduler;
+    they count as waiting, so whoever watches the load (the spot worker) sees that work arrived."""
+
+    async def loads():
+        results = await original_fn(manager, *args, **kwargs)
+        held = len(manager.rid_to_state) if manager.is_pause else 0
+        if held and results:
+            first = results[0]
+            results = [msgspec.structs.replace(first, num_waiting_reqs=first.num_waiting_reqs + held), *results[1:]]
+        return results
+
+    return loads()
+
+
 def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
     """BEFORE-hook on TokenizerManager._validate_one_request, whose ValueErrors become HTTP 400."""
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
@@ -132,6 +150,7 @@ def register() -> None:
         _validate_prompt,
         HookType.BEFORE,
     )
+    HookRegistry.register(_GET_LOADS, _count_requests_held_by_pause, HookType.AROUND)
     # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.
     HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
     if os.environ.get(DRAFTER_JOB_ENV):

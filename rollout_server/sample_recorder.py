@@ -8,6 +8,7 @@ import os
 import time
 from collections import deque
 
+from rollout_server.server_features import FEATURES_RID_PREFIX
 from tlt.samples_stream import SampleRecord, SamplesStream
 from tlt.settings import RedisSettings
 
@@ -15,12 +16,12 @@ logger = logging.getLogger(__name__)
 
 SAMPLES_JOB_ENV = "TLT_SAMPLES_JOB"
 _SEEN = 65536  # request ids remembered against double recording
-# SGLang's /health generates a token under request ids with this prefix; not training data.
-HEALTH_CHECK_RID_PREFIX = "HEALTH_CHECK"
+# Generations that are not rollouts: SGLang's /health check and the spot worker's feature prefills.
+NOT_ROLLOUT_RID_PREFIXES = ("HEALTH_CHECK", FEATURES_RID_PREFIX)
 
 
 class SampleRecorder:
-    """Records finished requests once each, except aborted ones and SGLang's health checks; a Redis
+    """Records finished requests once each, except aborted ones and non-rollouts; a Redis
     outage never stops serving."""
 
     def __init__(self, stream: SamplesStream) -> None:
@@ -36,7 +37,7 @@ class SampleRecorder:
             if (
                 not req.finished()
                 or req.rid in self._seen
-                or str(req.rid).startswith(HEALTH_CHECK_RID_PREFIX)
+                or str(req.rid).startswith(NOT_ROLLOUT_RID_PREFIXES)
                 or type(req.finished_reason).__name__ == "FINISH_ABORT"
             ):
                 continue

@@ -4,20 +4,23 @@ result as a new version when it accepts more on held-out samples than the versio
 from; a generation request arriving at the server preempts it within one unit of work (a
 training micro-step, a sample's features): the slice is released, not committed.
 
-Features (the policy's last hidden states) are computed here with transformers. DESIGN.md wants
-them from the rollout server itself (`return_hidden_states`), which saves a second copy of the
-policy on a GPU; on the CPU with the tiny model the copy is 3 MB and the numbers are identical
-(tested to 1e-6 in the foundation), so that optimisation is left for the GPU path.
+Features (the policy's last hidden states) come from the rollout server itself
+(`server_features`, before the slice trains); a local transformers copy of the policy is the
+fallback and supplies the parts the drafter shares with the policy (embeddings, LM head, rotary).
+While it trains, a server with a memory saver (GPU) is paused with its KV cache handed over
+(`memory_handoff`); requests arriving meanwhile wait there, count as load, and preempt the slice.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import grpc
@@ -27,9 +30,11 @@ from pydantic import BaseModel, Field
 from safetensors.torch import save as save_blob
 from transformers import AutoModelForCausalLM
 
-from tlt.drafter.acceptance import chain_accept_lengths, response_starts
-from tlt.drafter.model import EagleDrafter, PolicyParts
-from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, pack, policy_features, train_drafter
+from rollout_server.memory_handoff import MemoryHandOff, memory_saver_enabled
+from rollout_server.server_features import ServerFeatures
+from tlt.drafter.model import PolicyParts
+from tlt.drafter.slice import train_round
+from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
 from tlt.samples_stream import SamplesStream
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
@@ -100,11 +105,16 @@ class SpotWorker:
         stub: drafter_pb2_grpc.DrafterServiceStub,
         busy: Callable[[], bool],
         metadata: tuple[tuple[str, str], ...] = (),
+        features: Callable[[Sequence[int]], torch.Tensor] | None = None,
+        hand_off: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
+        """`features`: the policy's features of a token sequence (default: the local policy copy);
+        `hand_off`: a context the slice trains in (e.g. `MemoryHandOff`)."""
         self.config, self.channel, self.samples, self.stub = config, channel, samples, stub
-        self.busy, self.metadata = busy, metadata
+        self.busy, self.metadata, self.hand_off = busy, metadata, hand_off
         self.policy = AutoModelForCausalLM.from_pretrained(config.policy_path, dtype=torch.float32).eval()
         self.parts = PolicyParts(self.policy)
+        self.features = features or (lambda token_ids: policy_features(self.policy, token_ids))
         self._stop = threading.Event()
         self._busy_since: float | None = None
         self._lease: pb.LeaseRef | None = None
@@ -126,33 +136,34 @@ class SpotWorker:
         result = SliceResult(base_version=grant.base_version, started_at=time.monotonic())
         self._busy_since, self._lease, self._renewed = None, ref, time.monotonic()
         try:
-            drafter = EagleDrafter(self.policy.config)
-            drafter.load_state_dict(self.channel.load(grant.base_version)[1])
+            base_state = self.channel.load(grant.base_version)[1]
             train, held_out = self._data()
-            train_features = []
-            for sequence in train:
-                self._check()
-                train_features.append(policy_features(self.policy, sequence.token_ids))
-            eval_features = []
-            for sequence in held_out:
-                self._check()
-                eval_features.append(policy_features(self.policy, sequence.token_ids))
-            result.accept_length_before = self._accept_length(drafter, held_out, eval_features)
-            batches = pack(train, train_features, self.config.training.tokens_per_row)
+            train_features = self._features_of(train)
+            eval_features = self._features_of(held_out)
 
             def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
                 result.steps = step
-                self._check()
 
-            train_drafter(drafter, self.parts, batches, self.config.training, on_step=on_step)
-            drafter.eval()
-            result.accept_length = self._accept_length(drafter, held_out, eval_features)
-            if result.accept_length <= result.accept_length_before:
+            with self.hand_off():
+                trained = train_round(
+                    self.policy.config,
+                    self.parts,
+                    base_state,
+                    (train, train_features),
+                    (held_out, eval_features),
+                    self.config.training,
+                    self.config.draft_steps,
+                    self.config.eval_every,
+                    check=self._check,
+                    on_step=on_step,
+                )
+            result.accept_length_before, result.accept_length = trained.accept_length_before, trained.accept_length
+            if not trained.improved:
                 # A slice that made the drafter worse on held-out samples is not published.
                 logger.info("spot worker: slice did not improve (%.2f -> %.2f); not committed", result.accept_length_before, result.accept_length)
                 self.stub.Release(ref, metadata=self.metadata)
                 return result
-            weights = save_blob({name: t.detach().contiguous() for name, t in drafter.state_dict().items()})
+            weights = save_blob(trained.state)
             commit = pb.CommitRequest(
                 lease_id=grant.lease_id, job_id=grant.job_id, weights=weights, accept_length=result.accept_length
             )
@@ -175,14 +186,13 @@ class SpotWorker:
             result.ended_at = time.monotonic()
         return result
 
-    def _accept_length(self, drafter: EagleDrafter, sequences: list[PolicySequence], features: list[torch.Tensor]) -> float:
-        """Held-out accept length (as `tlt drafter train` measures it), preemptible between sequences."""
-        lengths: list[int] = []
-        for sequence, feats in zip(sequences, features):
+    def _features_of(self, sequences: list[PolicySequence]) -> list[torch.Tensor]:
+        """Features of each sequence, preemptible between two (the server computes them)."""
+        features = []
+        for sequence in sequences:
             self._check()
-            starts = response_starts(sequence, self.config.draft_steps, self.config.eval_every)
-            lengths += chain_accept_lengths(drafter, self.parts, sequence, feats, self.config.draft_steps, starts)
-        return sum(lengths) / max(1, len(lengths))
+            features.append(self.features(sequence.token_ids))
+        return features
 
     def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:
         records = self.samples.latest(self.config.samples)
@@ -254,6 +264,9 @@ def main(argv: list[str] | None = None) -> None:
         min_new_samples=settings.min_new_samples,
         training=spot_training(settings.epochs),
     )
+    hand_off: Callable[[], AbstractContextManager] = nullcontext
+    if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):
+        hand_off = functools.partial(MemoryHandOff, settings.server_url)
     with grpc.insecure_channel(settings.drafter_service) as channel:
         worker = SpotWorker(
             config,
@@ -262,6 +275,8 @@ def main(argv: list[str] | None = None) -> None:
             drafter_pb2_grpc.DrafterServiceStub(channel),
             lambda: server_busy(settings.server_url),
             metadata,
+            features=ServerFeatures(settings.server_url) if settings.features == "server" else None,
+            hand_off=hand_off,
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
 

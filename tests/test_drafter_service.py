@@ -170,7 +170,9 @@ text = st.text(max_size=80)
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    method=st.sampled_from(["GetDrafter", "Lease", "Heartbeat", "Commit", "Release", "ExportDrafter", "RegisterDrafter"]),
+    method=st.sampled_from(
+        ["GetDrafter", "Lease", "Heartbeat", "Commit", "Release", "ExportDrafter", "RegisterDrafter", "Warmup"]
+    ),
     job=text,
     other=text,
     number=st.integers(min_value=-(2**31), max_value=2**31 - 1),
@@ -185,10 +187,11 @@ def test_fuzzed_requests_get_clear_errors_and_the_server_stays_up(service, stub,
         "Release": pb.LeaseRef(job_id=job, lease_id=other),
         "ExportDrafter": pb.ExportRequest(job_id=job, version=number),
         "RegisterDrafter": pb.RegisterDrafterRequest(job_id=job, policy_path=other, base_drafter_path=other),
+        "Warmup": pb.WarmupRequest(job_id=job, dataset_path=other, epochs=number, max_samples=number),
     }
     try:
         answer = getattr(stub, method)(requests[method], metadata=AUTH, timeout=30)
-        if method == "ExportDrafter":
+        if method in ("ExportDrafter", "Warmup"):
             list(answer)
     except grpc.RpcError as err:
         assert err.code() in ALLOWED, (err.code(), err.details())

@@ -140,3 +140,15 @@ def test_inconsistent_speculation_settings_are_refused(
         fields = {**fields, "draft_model_path": drafter}
     with pytest.raises(ValidationError, match=message):
         RolloutServerSettings(model_path=model_dir, **fields)
+
+
+def test_samples_job_serves_hidden_states_for_its_spot_worker(model_dir: Path) -> None:
+    assert "--enable-return-hidden-states" not in RolloutServerSettings(model_path=model_dir, device="cpu").sglang_argv()
+    argv = RolloutServerSettings(model_path=model_dir, device="cpu", samples_job="j1").sglang_argv()
+    assert "--enable-return-hidden-states" in argv
+
+
+def test_memory_saver_is_refused_on_the_cpu_and_passed_on_a_gpu(model_dir: Path) -> None:
+    with pytest.raises(ValidationError, match="enable_memory_saver needs a GPU"):
+        RolloutServerSettings(model_path=model_dir, device="cpu", enable_memory_saver=True)
+    assert "--enable-memory-saver" in RolloutServerSettings(model_path=model_dir, device="cuda", enable_memory_saver=True).sglang_argv()

@@ -1,6 +1,7 @@
 """The spot worker with a real rollout server, drafter service and Redis: an idle-time slice
-trains a fresh drafter on the job's samples and commits a better version; a request arriving at
-the server preempts a slice within one training micro-step and the lease is given back."""
+trains a fresh drafter on the job's samples (features from the server's hidden states) and commits
+a better version; a request arriving at the server preempts a slice within one training micro-step
+and the lease is given back, also while the worker holds the server paused (memory hand-off)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 
 import grpc
 import pytest
 import requests
+import torch
 from transformers import AutoTokenizer
 
+from rollout_server.memory_handoff import MemoryHandOff
+from rollout_server.server_features import ServerFeatures
 from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, server_busy
-from tlt.drafter.training import DrafterTrainingConfig
+from tlt.drafter.training import DrafterTrainingConfig, policy_features
 from tlt.paths import BUNDLED_MODEL
 from tlt.samples_stream import SamplesStream
 from tlt.server_process import GrpcServiceProcess, RolloutServerProcess
@@ -49,13 +54,28 @@ def setup(redis_server, tmp_path_factory) -> Iterator[tuple[RolloutServerProcess
             training=DrafterTrainingConfig(epochs=6, tokens_per_row=512, rows_per_step=2, lr=3e-3),
         )
         worker = SpotWorker(
-            config, WeightChannel(client, JOB, "drafter"), SamplesStream(client, JOB), stub, lambda: server_busy(server.url)
+            config,
+            WeightChannel(client, JOB, "drafter"),
+            SamplesStream(client, JOB),
+            stub,
+            lambda: server_busy(server.url),
+            features=ServerFeatures(server.url),
         )
         yield server, worker
 
 
 def test_finished_rollouts_reach_the_samples_stream(setup, redis_server) -> None:
     assert len(SamplesStream(redis_server.settings.client(), JOB)) == 192
+
+
+def test_server_features_are_the_policys_and_are_not_samples(setup, redis_server) -> None:
+    _, worker = setup
+    stream = SamplesStream(redis_server.settings.client(), JOB)
+    before = len(stream)
+    for record in stream.latest(3):
+        token_ids = record.prompt_ids + record.output_ids
+        torch.testing.assert_close(worker.features(token_ids), policy_features(worker.policy, token_ids), atol=1e-4, rtol=1e-4)
+    assert len(stream) == before
 
 
 def test_an_idle_slice_commits_a_better_drafter(setup) -> None:
@@ -104,3 +124,32 @@ def test_a_request_preempts_the_slice_within_a_micro_step(setup) -> None:
     print(f"preempted {stopped - sent:.3f} s after the request was sent ({result.preempt_latency_s:.3f} s after busy was seen)")
     assert result.preempted and result.version is None
     assert worker.stub.GetDrafter(pb.DrafterRef(job_id=JOB)).active_lease_id == ""
+
+
+def test_requests_held_by_a_paused_server_preempt_the_slice(setup) -> None:
+    server, worker = setup
+    training = threading.Event()
+
+    @contextmanager
+    def paused():
+        # release=False: SGLang's KV-cache release needs CUDA; the pause and the preemption path are the same.
+        with MemoryHandOff(server.url, release=False):
+            training.set()
+            yield
+
+    worker.hand_off = paused
+    outcome: dict = {}
+    slice_thread = threading.Thread(target=lambda: outcome.setdefault("result", worker.run_slice()))
+    slice_thread.start()
+    try:
+        assert training.wait(120), "the slice never reached training"
+        payload = {"input_ids": [5, 6, 0, 3, 6, 11], "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}
+        answer = requests.post(f"{server.url}/generate", json=payload, timeout=120)
+        slice_thread.join(120)
+    finally:
+        worker.hand_off = nullcontext
+    assert answer.status_code == 200 and len(answer.json()["output_ids"]) == 50
+    result = outcome["result"]
+    print(f"paused slice preempted {result.preempt_latency_s:.3f} s after the held request was seen")
+    assert result.preempted and result.version is None
+    assert not server_busy(server.url)

@@ -48,3 +48,11 @@ class CommitRequest(_Request):
 class ExportRequest(_Request):
     job_id: Name
     version: int = Field(0, ge=0)
+
+
+class WarmupRequest(_Request):
+    job_id: Name
+    dataset_path: PathText = ""
+    epochs: int = Field(0, ge=0, le=1000)
+    max_samples: int = Field(0, ge=0, le=100_000)
+    eval_fraction: float = Field(0.0, ge=0.0, le=0.5)

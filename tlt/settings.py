@@ -63,7 +63,13 @@ class RolloutServerSettings(BaseSettings):
         None, gt=0.0, lt=1.0, description="GPU memory fraction for weights + KV cache (gpu only)"
     )
     random_seed: int | None = Field(None, ge=0, description="seed of SGLang's sampler")
-    enable_return_hidden_states: bool = Field(False, description="allow return_hidden_states requests")
+    enable_return_hidden_states: bool = Field(
+        False, description="allow return_hidden_states requests (implied by samples_job: its spot worker reads them)"
+    )
+    enable_memory_saver: bool = Field(
+        False,
+        description="on a GPU: let the spot worker release the KV cache while it trains (SGLang's memory saver)",
+    )
     sleep_on_idle: bool = Field(
         True,
         description="an idle scheduler sleeps instead of spinning a core (SGLang's default spins), "
@@ -113,6 +119,12 @@ class RolloutServerSettings(BaseSettings):
     def _check_model_path(self) -> RolloutServerSettings:
         if not (self.model_path / "config.json").is_file():
             raise ValueError(f"model_path {self.model_path} has no config.json (expected an HF checkpoint)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_memory_saver(self) -> RolloutServerSettings:
+        if self.enable_memory_saver and self.resolved_device() == "cpu":
+            raise ValueError("enable_memory_saver needs a GPU (SGLang's memory release synchronises CUDA)")
         return self
 
     @model_validator(mode="after")
@@ -169,8 +181,10 @@ class RolloutServerSettings(BaseSettings):
         for flag, value in optional.items():
             if value is not None:
                 argv += [flag, str(value)]
-        if self.enable_return_hidden_states:
+        if self.enable_return_hidden_states or self.samples_job is not None:
             argv.append("--enable-return-hidden-states")
+        if self.enable_memory_saver:
+            argv.append("--enable-memory-saver")
         if self.sleep_on_idle:
             argv.append("--sleep-on-idle")
         if not self.warmup:
@@ -241,6 +255,10 @@ class DrafterServiceSettings(BaseSettings):
         256 * 1024 * 1024, ge=1024 * 1024, le=2**31 - 1, description="largest gRPC message (a commit carries weights)"
     )
     workers: int = Field(8, ge=1, le=256, description="gRPC worker threads")
+    data_dir: Path | None = Field(
+        None, description="Warmup reads datasets from under this directory only; unset: Warmup trains on samples streams"
+    )
+    threads: int = Field(1, ge=1, le=256, description="torch threads of Warmup training")
 
 
 class SpotWorkerSettings(BaseSettings):
@@ -253,7 +271,19 @@ class SpotWorkerSettings(BaseSettings):
     auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
     job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     worker_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="names this worker in leases and history")
-    policy_path: Path = Field(description="HF checkpoint of the policy (for its features)")
+    policy_path: Path = Field(
+        description="HF checkpoint of the policy: the embeddings, LM head and rotary tables the drafter shares"
+    )
+    features: Literal["server", "local"] = Field(
+        "server",
+        description="where the policy's hidden states come from: the rollout server (needs "
+        "--enable-return-hidden-states there, implied by --samples-job) or a local copy of the policy",
+    )
+    release_memory: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="pause the server and release its KV cache while a slice trains; auto: when the server "
+        "runs with --enable-memory-saver (GPU)",
+    )
     samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
     epochs: int = Field(2, ge=1, le=1000, description="passes over the samples per slice")
     min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples needed before the next slice")

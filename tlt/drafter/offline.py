@@ -10,8 +10,8 @@ import torch
 from pydantic import BaseModel, Field
 from transformers import AutoModelForCausalLM
 
-from tlt.drafter.acceptance import chain_accept_lengths, response_starts
 from tlt.drafter.model import EagleDrafter, PolicyParts, export_sglang_checkpoint
+from tlt.drafter.slice import held_out_accept_length
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, pack, policy_features, train_drafter
 
 
@@ -28,16 +28,6 @@ class EpochRecord(BaseModel):
     loss: float
     top1: float
     accept_length: float
-
-
-def mean_accept_length(
-    drafter: EagleDrafter, parts: PolicyParts, sequences: Sequence[PolicySequence], features, steps: int, every: int
-) -> float:
-    """Mean chain accept length over response positions of the (greedy) evaluation sequences."""
-    lengths: list[int] = []
-    for seq, feats in zip(sequences, features):
-        lengths += chain_accept_lengths(drafter, parts, seq, feats, steps, response_starts(seq, steps, every))
-    return sum(lengths) / max(1, len(lengths))
 
 
 def train_offline(
@@ -64,7 +54,7 @@ def train_offline(
                 epoch=epoch,
                 loss=sum(s["loss"] for s in epoch_steps) / len(epoch_steps),
                 top1=sum(s["top1"] for s in epoch_steps) / len(epoch_steps),
-                accept_length=mean_accept_length(
+                accept_length=held_out_accept_length(
                     drafter, parts, eval_sequences, eval_features, job.draft_steps, job.eval_every
                 ),
             )

@@ -125,3 +125,35 @@ class ExportChunk(_message.Message):
     data: bytes
     version: int
     def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class WarmupRequest(_message.Message):
+    __slots__ = ("job_id", "dataset_path", "epochs", "max_samples", "eval_fraction")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    DATASET_PATH_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    dataset_path: str
+    epochs: int
+    max_samples: int
+    eval_fraction: float
+    def __init__(self, job_id: _Optional[str] = ..., dataset_path: _Optional[str] = ..., epochs: _Optional[int] = ..., max_samples: _Optional[int] = ..., eval_fraction: _Optional[float] = ...) -> None: ...
+
+class WarmupProgress(_message.Message):
+    __slots__ = ("phase", "step", "total", "loss", "accept_length_before", "accept_length", "version")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_LENGTH_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    step: int
+    total: int
+    loss: float
+    accept_length_before: float
+    accept_length: float
+    version: int
+    def __init__(self, phase: _Optional[str] = ..., step: _Optional[int] = ..., total: _Optional[int] = ..., loss: _Optional[float] = ..., accept_length_before: _Optional[float] = ..., accept_length: _Optional[float] = ..., version: _Optional[int] = ...) -> None: ...

@@ -69,6 +69,11 @@ class DrafterServiceStub:
                 request_serializer=tlt_dot_v1_dot_drafter__pb2.ExportRequest.SerializeToString,
                 response_deserializer=tlt_dot_v1_dot_drafter__pb2.ExportChunk.FromString,
                 _registered_method=True)
+        self.Warmup = channel.unary_stream(
+                '/tlt.v1.DrafterService/Warmup',
+                request_serializer=tlt_dot_v1_dot_drafter__pb2.WarmupRequest.SerializeToString,
+                response_deserializer=tlt_dot_v1_dot_drafter__pb2.WarmupProgress.FromString,
+                _registered_method=True)
 
 
 class DrafterServiceServicer:
@@ -116,6 +121,12 @@ class DrafterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Warmup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DrafterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -153,6 +164,11 @@ def add_DrafterServiceServicer_to_server(servicer, server):
                     servicer.ExportDrafter,
                     request_deserializer=tlt_dot_v1_dot_drafter__pb2.ExportRequest.FromString,
                     response_serializer=tlt_dot_v1_dot_drafter__pb2.ExportChunk.SerializeToString,
+            ),
+            'Warmup': grpc.unary_stream_rpc_method_handler(
+                    servicer.Warmup,
+                    request_deserializer=tlt_dot_v1_dot_drafter__pb2.WarmupRequest.FromString,
+                    response_serializer=tlt_dot_v1_dot_drafter__pb2.WarmupProgress.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -344,6 +360,33 @@ class DrafterService:
             '/tlt.v1.DrafterService/ExportDrafter',
             tlt_dot_v1_dot_drafter__pb2.ExportRequest.SerializeToString,
             tlt_dot_v1_dot_drafter__pb2.ExportChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Warmup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tlt.v1.DrafterService/Warmup',
+            tlt_dot_v1_dot_drafter__pb2.WarmupRequest.SerializeToString,
+            tlt_dot_v1_dot_drafter__pb2.WarmupProgress.FromString,
             options,
             channel_credentials,
             insecure,
