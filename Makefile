@@ -26,9 +26,11 @@ run: install
 	$(VENV)/bin/tlt run
 
 test: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
 test-quick: install
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not slow"
 
 bench: install

@@ -18,20 +18,20 @@ def make_random_checkpoint(arch: str, out: Path, seed: int = 0) -> Path:
     near-ties that float rounding could flip between engines.
     """
     tokenizer = build_char_tokenizer(GcdTask.ALPHABET)
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=0.3,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
-    )
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "initializer_range": 0.3,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": None,
+    }
     torch.manual_seed(seed)
     if arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common))

@@ -41,9 +41,9 @@ def stub(redis_server, data_dir, tmp_path_factory) -> Iterator[drafter_pb2_grpc.
     env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
     log = tmp_path_factory.mktemp("warmup-service") / "service.log"
     args = ["--data-dir", str(data_dir), "--lease-ttl-s", "2"]  # a short lease: the warm-up must keep renewing it
-    with GrpcServiceProcess("drafter_service", log, args=args, env=env).start(timeout_s=60) as service:
-        with grpc.insecure_channel(service.target) as channel:
-            yield drafter_pb2_grpc.DrafterServiceStub(channel)
+    service = GrpcServiceProcess("drafter_service", log, args=args, env=env)
+    with service.start(timeout_s=60), grpc.insecure_channel(service.target) as channel:
+        yield drafter_pb2_grpc.DrafterServiceStub(channel)
 
 
 def _fresh_job(stub) -> str:
