@@ -6,6 +6,8 @@ paths outside the data directory are refused naming the problem."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,12 +39,17 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stub(redis_server, data_dir, tmp_path_factory) -> Iterator[drafter_pb2_grpc.DrafterServiceStub]:
+def service(redis_server, data_dir, tmp_path_factory) -> Iterator[GrpcServiceProcess]:
     env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
     log = tmp_path_factory.mktemp("warmup-service") / "service.log"
     args = ["--data-dir", str(data_dir), "--lease-ttl-s", "2"]  # a short lease: the warm-up must keep renewing it
-    service = GrpcServiceProcess("drafter_service", log, args=args, env=env)
-    with service.start(timeout_s=60), grpc.insecure_channel(service.target) as channel:
+    with GrpcServiceProcess("drafter_service", log, args=args, env=env).start(timeout_s=60) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def stub(service) -> Iterator[drafter_pb2_grpc.DrafterServiceStub]:
+    with grpc.insecure_channel(service.target) as channel:
         yield drafter_pb2_grpc.DrafterServiceStub(channel)
 
 
@@ -120,3 +127,13 @@ def test_warmup_needs_a_free_drafter_and_samples(stub) -> None:
     with pytest.raises(grpc.RpcError) as info:
         list(stub.Warmup(pb.WarmupRequest(job_id="nobody"), timeout=120))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_cli_warms_up_with_progress_and_reports_refusals(service, stub) -> None:
+    job = _fresh_job(stub)
+    base = [sys.executable, "-m", "tlt.cli", "drafter", "warmup", "--service", service.target, "--job", job]
+    done = subprocess.run([*base, "--dataset", "gcd.jsonl", "--epochs", "8"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "training" in done.stdout and "committed as v2" in done.stdout
+    refused = subprocess.run([*base, "--dataset", "../x.jsonl"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stdout and "outside" in refused.stdout

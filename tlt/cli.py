@@ -255,5 +255,46 @@ def drafter_train(
     console.print(f"SGLang EAGLE draft and history.json in {out}")
 
 
+@drafter_app.command("warmup")
+def drafter_warmup(
+    job: Annotated[str, typer.Option(help="the job whose drafter is warmed up (registered with the service)")],
+    service: Annotated[str, typer.Option(help="host:port of the drafter service")] = "127.0.0.1:50061",
+    dataset: Annotated[
+        str, typer.Option(help="JSONL under the service's --data-dir (token ids or prompt/response text); empty: the job's samples")
+    ] = "",
+    epochs: Annotated[int, typer.Option(min=0, max=1000, help="0: the service's default")] = 0,
+    max_samples: Annotated[int, typer.Option(min=0, max=100_000, help="0: the service's default")] = 0,
+    token: Annotated[str, typer.Option(envvar="TLT_DRAFTER_AUTH_TOKEN", help="the service's bearer token")] = "",
+) -> None:
+    """Warm a job's drafter up offline in the drafter service (its `Warmup` RPC), showing progress;
+    Ctrl-C cancels it (the service gives the lease back and commits nothing)."""
+    import grpc
+
+    from tlt.v1 import drafter_pb2 as pb
+    from tlt.v1 import drafter_pb2_grpc
+
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    request = pb.WarmupRequest(job_id=job, dataset_path=dataset, epochs=epochs, max_samples=max_samples)
+    with grpc.insecure_channel(service) as channel, _progress() as progress:
+        call = drafter_pb2_grpc.DrafterServiceStub(channel).Warmup(request, metadata=metadata)
+        tasks: dict[str, int] = {}
+        try:
+            for event in call:
+                if event.phase == "done":
+                    break
+                if event.phase not in tasks:
+                    tasks[event.phase] = progress.add_task(event.phase, total=event.total, info="")
+                info = f"loss {event.loss:.3f}" if event.phase == "training" else ""
+                progress.update(tasks[event.phase], completed=event.step, total=event.total, info=info)
+        except KeyboardInterrupt:
+            call.cancel()
+            raise typer.Exit(130) from None
+        except grpc.RpcError as err:
+            console.print(f"[red]warm-up refused or failed[/red] ({err.code().name}): {err.details()}")
+            raise typer.Exit(1) from None
+    outcome = f"committed as v{event.version}" if event.version else "not committed (no better than its base)"
+    console.print(f"held-out accept length {event.accept_length_before:.2f} -> {event.accept_length:.2f}: {outcome}")
+
+
 if __name__ == "__main__":
     app()
