@@ -55,7 +55,7 @@ def _round(server: RolloutServerProcess, prompts: list[list[int]], seed: int) ->
 
 def main(
     quick: Annotated[bool, typer.Option(help="2 rounds of 16 prompts: checks the benchmark runs")] = False,
-    rounds: int = 4,
+    rounds: int = 8,
     prompts: int = 64,
     gap_s: Annotated[float, typer.Option(help="idle seconds between batches (the trainer's update)")] = 8.0,
     seed: int = 0,
@@ -82,7 +82,7 @@ def main(
             client = redis_server.settings.client()
             config = SpotWorkerConfig(
                 job_id=job, worker_id="bench", policy_path=str(BUNDLED_MODEL), idle_grace_s=0.5, min_new_samples=16,
-                training=spot_training(epochs=2),
+                training=spot_training(epochs=4, lr=2e-4),  # fine-tuning a converged drafter
             )  # fmt: skip
             worker = SpotWorker(
                 config,
@@ -90,7 +90,7 @@ def main(
                 SamplesStream(client, job),
                 stub,
                 lambda: server_busy(server.url),
-                features=ServerFeatures(server.url),
+                features=ServerFeatures(server.url).many,
             )
             _round(server, batches[0][:8], seed)  # first-request costs and some samples out of the way
             rows, slices = [], []

@@ -11,6 +11,7 @@ without AMX. An operator that a real `sgl_kernel` build already defines is left 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -20,9 +21,9 @@ import torch
 from rollout_server import cpu
 from rollout_server.adaptive_policy import BanditSpecPolicy
 from rollout_server.cpu import attention, ops, sampling
-from rollout_server.drafter_swap import DRAFTER_JOB_ENV, DrafterSwapper, swapper_for
+from rollout_server.drafter_swap import DRAFTER_JOB_ENV, swapper_for
 from rollout_server.request_checks import check_prompt_ids
-from rollout_server.sample_recorder import SAMPLES_JOB_ENV, SampleRecorder, recorder_from_env
+from rollout_server.sample_recorder import SAMPLES_JOB_ENV, recorder_from_env
 
 logger = logging.getLogger(__name__)
 
@@ -96,28 +97,23 @@ def _sampled_verify_on_cpu(original_fn, **kwargs) -> bool:
     return original_fn(**{**kwargs, "is_cpu": False})
 
 
-# One drafter swapper per scheduler (by id: SGLang's objects get no attributes from us).
-_SWAPPERS: dict[int, DrafterSwapper | None] = {}
+# Created on first use, in the scheduler process: one drafter swapper per scheduler, one recorder.
+_swapper_of = functools.cache(swapper_for)
+_recorder = functools.cache(recorder_from_env)
 
 
 def _swap_drafter_between_batches(scheduler, *args, **kwargs) -> None:
     """BEFORE-hook on Scheduler.run_batch: the one point where no forward pass is in flight."""
-    if id(scheduler) not in _SWAPPERS:
-        _SWAPPERS[id(scheduler)] = swapper_for(scheduler)
-    swapper = _SWAPPERS[id(scheduler)]
+    swapper = _swapper_of(scheduler)
     if swapper is not None:
         swapper.apply_pending()
 
 
-_RECORDER: list[SampleRecorder | None] = []  # created on first use, in the scheduler process
-
-
 def _record_finished_samples(streamer, reqs, *args, **kwargs) -> None:
     """BEFORE-hook on SchedulerOutputStreamer.stream_output, which sees every finished request."""
-    if not _RECORDER:
-        _RECORDER.append(recorder_from_env())
-    if _RECORDER[0] is not None:
-        _RECORDER[0].record_finished(reqs)
+    recorder = _recorder()
+    if recorder is not None:
+        recorder.record_finished(reqs)
 
 
 def _count_requests_held_by_pause(original_fn, manager, *args, **kwargs):

@@ -19,7 +19,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -43,9 +43,9 @@ from tlt.weight_channel import WeightChannel
 logger = logging.getLogger(__name__)
 
 
-def spot_training(epochs: int) -> DrafterTrainingConfig:
+def spot_training(epochs: int, lr: float = 2e-3) -> DrafterTrainingConfig:
     """Drafter training in small micro-steps: the worker gives the machine back between two."""
-    return DrafterTrainingConfig(epochs=epochs, tokens_per_row=1024, rows_per_step=1)
+    return DrafterTrainingConfig(epochs=epochs, lr=lr, tokens_per_row=512, rows_per_step=1)
 
 
 class SpotWorkerConfig(BaseModel):
@@ -58,6 +58,7 @@ class SpotWorkerConfig(BaseModel):
     eval_fraction: float = Field(0.2, gt=0, lt=1)
     draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
     eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
+    features_per_request: int = Field(16, ge=1, le=1024, description="sequences per feature computation")
     training: DrafterTrainingConfig = Field(default_factory=lambda: spot_training(epochs=2))
     heartbeat_s: float = Field(5.0, gt=0, description="seconds between lease renewals (well below the lease TTL)")
     idle_grace_s: float = Field(1.0, ge=0, description="the server must stay idle this long first")
@@ -105,16 +106,17 @@ class SpotWorker:
         stub: drafter_pb2_grpc.DrafterServiceStub,
         busy: Callable[[], bool],
         metadata: tuple[tuple[str, str], ...] = (),
-        features: Callable[[Sequence[int]], torch.Tensor] | None = None,
+        features: Callable[[list[list[int]]], list[torch.Tensor]] | None = None,
         hand_off: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
-        """`features`: the policy's features of a token sequence (default: the local policy copy);
+        """`features`: the policy's features of token sequences (e.g. `ServerFeatures.many`; default:
+        the local policy copy);
         `hand_off`: a context the slice trains in (e.g. `MemoryHandOff`)."""
         self.config, self.channel, self.samples, self.stub = config, channel, samples, stub
         self.busy, self.metadata, self.hand_off = busy, metadata, hand_off
         self.policy = AutoModelForCausalLM.from_pretrained(config.policy_path, dtype=torch.float32).eval()
         self.parts = PolicyParts(self.policy)
-        self.features = features or (lambda token_ids: policy_features(self.policy, token_ids))
+        self.features = features or (lambda sequences: [policy_features(self.policy, ids) for ids in sequences])
         self._stop = threading.Event()
         self._busy_since: float | None = None
         self._lease: pb.LeaseRef | None = None
@@ -187,11 +189,12 @@ class SpotWorker:
         return result
 
     def _features_of(self, sequences: list[PolicySequence]) -> list[torch.Tensor]:
-        """Features of each sequence, preemptible between two (the server computes them)."""
-        features = []
-        for sequence in sequences:
+        """Features of the sequences, a few per request, preemptible between two requests."""
+        features: list[torch.Tensor] = []
+        step = self.config.features_per_request
+        for start in range(0, len(sequences), step):
             self._check()
-            features.append(self.features(sequence.token_ids))
+            features += self.features([s.token_ids for s in sequences[start : start + step]])
         return features
 
     def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         samples=settings.samples,
         idle_grace_s=settings.idle_grace_s,
         min_new_samples=settings.min_new_samples,
-        training=spot_training(settings.epochs),
+        training=spot_training(settings.epochs, settings.lr),
     )
     hand_off: Callable[[], AbstractContextManager] = nullcontext
     if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
             drafter_pb2_grpc.DrafterServiceStub(channel),
             lambda: server_busy(settings.server_url),
             metadata,
-            features=ServerFeatures(settings.server_url) if settings.features == "server" else None,
+            features=ServerFeatures(settings.server_url).many if settings.features == "server" else None,
             hand_off=hand_off,
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_server.spot_worker import server_busy
+from tests.greedy_speculation import tokens_per_verification
 from tests.metrics import metric_value
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_MODEL
@@ -54,16 +55,6 @@ def _export(stub, job: str, out: Path) -> Path:
     return out
 
 
-def _tokens_per_verification(server: RolloutServerProcess, prompts, reference) -> float:
-    results = requests.post(
-        f"{server.url}/generate",
-        json={"input_ids": prompts, "sampling_params": {"max_new_tokens": 150, "temperature": 0}},
-        timeout=600,
-    ).json()
-    assert [r["output_ids"] for r in results] == reference, "greedy output differs from HF"
-    return sum(len(r["output_ids"]) for r in results) / sum(r["meta_info"]["spec_verify_ct"] for r in results)
-
-
 def _drafter_version(server: RolloutServerProcess) -> float:
     return metric_value(server.url, "tlt_drafter_version")
 
@@ -88,7 +79,7 @@ def test_idle_server_trains_the_drafter_while_the_other_finishes(redis_server, t
         servers = [RolloutServerProcess(BUNDLED_MODEL, tmp_path / f"server-{n}.log", args=args, env=env) for n in "AB"]
         with servers[0], servers[1]:
             a, b = servers
-            before = [_tokens_per_verification(s, held_out, reference) for s in servers]
+            before = [tokens_per_verification(s, held_out, reference, 150) for s in servers]
             workers = [
                 SpotWorkerProcess(
                     tmp_path / f"worker-{n}.log",
@@ -119,7 +110,7 @@ def test_idle_server_trains_the_drafter_while_the_other_finishes(redis_server, t
                 a_done = time.monotonic() - started
             info = stub.GetDrafter(pb.DrafterRef(job_id=job))
             # The swap happens before a server's next batch: the evaluation batch is one.
-            after = [_tokens_per_verification(s, held_out, reference) for s in servers]
+            after = [tokens_per_verification(s, held_out, reference, 150) for s in servers]
             versions = [_drafter_version(s) for s in servers]
     print(
         f"B idle at {b_done:.1f} s; v2 committed by {info.history[1].committed_by} at {committed:.1f} s "

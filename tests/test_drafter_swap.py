@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.greedy_speculation import tokens_per_verification
 from tests.metrics import metric_value
 from tlt import weight_channel
 from tlt.models.hf_generate import greedy_generate
@@ -41,17 +42,6 @@ def _wait_for(server: RolloutServerProcess, name: str, value: float, timeout_s: 
     raise AssertionError(f"{name} never reached {value} (now {_metric(server, name)})")
 
 
-def _accept_length_and_check(server: RolloutServerProcess, prompts, reference) -> float:
-    results = requests.post(
-        f"{server.url}/generate",
-        json={"input_ids": prompts, "sampling_params": {"max_new_tokens": 120, "temperature": 0}},
-        timeout=600,
-    ).json()
-    assert [r["output_ids"] for r in results] == reference
-    tokens = sum(len(r["output_ids"]) for r in results)
-    return tokens / sum(r["meta_info"]["spec_verify_ct"] for r in results)
-
-
 def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_path, monkeypatch) -> None:
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
     model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
@@ -68,7 +58,7 @@ def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_pat
     args += ["--drafter-job", job, "--samples-job", job, "--enable-metrics", "--random-seed", "0"]
     with RolloutServerProcess(BUNDLED_MODEL, tmp_path / "server.log", args=args, env=env) as server:
         _wait_for(server, "tlt_drafter_version", v1.version)
-        useless_accept = _accept_length_and_check(server, prompts, reference)
+        useless_accept = tokens_per_verification(server, prompts, reference, 120)
 
         # A blob that does not fit the draft model, then one whose hash is wrong: both refused.
         misfit = channel.publish({**useless, "fc.weight": torch.zeros(3, 3)}, parent=v1.version)
@@ -78,11 +68,11 @@ def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_pat
             bad_hash = channel.publish(useless, parent=misfit.version)
         _wait_for(server, "tlt_drafter_rejected_total", 2)
         assert _metric(server, "tlt_drafter_version") == v1.version
-        assert _accept_length_and_check(server, prompts, reference) == pytest.approx(useless_accept)
+        assert tokens_per_verification(server, prompts, reference, 120) == pytest.approx(useless_accept)
 
         trained = channel.publish(good, parent=bad_hash.version)
         _wait_for(server, "tlt_drafter_version", trained.version)
-        trained_accept = _accept_length_and_check(server, prompts, reference)
+        trained_accept = tokens_per_verification(server, prompts, reference, 120)
     # Every finished sequence went to the samples stream, token for token.
     samples = [record for _, record in SamplesStream(redis_server.settings.client(), job).read(count=10_000)]
     recorded = {(tuple(r.prompt_ids), tuple(r.output_ids)) for r in samples}

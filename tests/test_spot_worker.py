@@ -59,7 +59,7 @@ def setup(redis_server, tmp_path_factory) -> Iterator[tuple[RolloutServerProcess
             SamplesStream(client, JOB),
             stub,
             lambda: server_busy(server.url),
-            features=ServerFeatures(server.url),
+            features=ServerFeatures(server.url).many,
         )
         yield server, worker
 
@@ -72,9 +72,9 @@ def test_server_features_are_the_policys_and_are_not_samples(setup, redis_server
     _, worker = setup
     stream = SamplesStream(redis_server.settings.client(), JOB)
     before = len(stream)
-    for record in stream.latest(3):
-        token_ids = record.prompt_ids + record.output_ids
-        torch.testing.assert_close(worker.features(token_ids), policy_features(worker.policy, token_ids), atol=1e-4, rtol=1e-4)
+    sequences = [r.prompt_ids + r.output_ids for r in stream.latest(5)]
+    for token_ids, features in zip(sequences, worker.features(sequences), strict=True):  # one batched prefill
+        torch.testing.assert_close(features, policy_features(worker.policy, token_ids), atol=1e-4, rtol=1e-4)
     assert len(stream) == before
 
 

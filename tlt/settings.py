@@ -286,6 +286,14 @@ class SpotWorkerSettings(BaseSettings):
     )
     samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
     epochs: int = Field(2, ge=1, le=1000, description="passes over the samples per slice")
+    lr: float = Field(
+        2e-3,
+        gt=0,
+        le=1.0,
+        description="AdamW learning rate of a slice; 2e-3 suits a fresh drafter, a converged one (e.g. after a "
+        "warm-up) keeps its held-out accept length only at about 2e-4 (a fresh optimiser's first steps at 2e-3 "
+        "undo some of it)",
+    )
     min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples needed before the next slice")
     idle_grace_s: float = Field(1.0, ge=0, le=3600, description="the server must stay idle this long first")
     poll_s: float = Field(0.2, gt=0, le=60, description="how often idleness is checked between slices")
