@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from tlt.job_spec import GrpoConfig
 from tlt.paths import BUNDLED_MODEL
 from trainer.grpo import (
-    GrpoConfig,
     ScoredGroup,
     group_advantages,
     grpo_loss,

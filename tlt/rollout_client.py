@@ -27,6 +27,7 @@ class Completion(BaseModel):
     logprobs: list[float] | None = None
     spec_verify_ct: int = Field(0, description="speculative verification steps this request took part in")
     spec_accepted_drafts: int = Field(0, description="draft tokens the policy accepted in them")
+    weight_version: str | None = Field(None, description="the policy version that generated it (SGLang's weight_version)")
 
 
 class RolloutClient:
@@ -79,4 +80,5 @@ def parse_completion(item: dict[str, Any]) -> Completion:
         logprobs=[entry[0] for entry in logprobs] if logprobs else None,
         spec_verify_ct=meta.get("spec_verify_ct") or 0,
         spec_accepted_drafts=meta.get("spec_num_correct_drafts") or 0,
+        weight_version=meta.get("weight_version"),
     )

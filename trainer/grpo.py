@@ -8,26 +8,10 @@ Plain PyTorch over tensors: the trainer feeds it, tests check it against hand co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, Field
 
-
-class GrpoConfig(BaseModel):
-    """The loss and its options (defaults: DAPO's clip-higher, no KL, token-level mean)."""
-
-    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio floor 1 - clip_low for negative advantages")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="ratio ceiling 1 + clip_high for positive advantages")
-    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL estimate to the reference policy; 0: none")
-    normalize_std: bool = Field(True, description="divide advantages by the group's std (off: Dr. GRPO)")
-    filter_zero_variance: bool = Field(True, description="drop groups whose samples all got the same reward")
-    overlong: Literal["keep", "filter", "penalty"] = Field(
-        "filter", description="truncated responses: keep as is, mask out of the loss, or DAPO's soft length penalty"
-    )
-    overlong_buffer: int = Field(
-        64, ge=1, description="penalty: the last this many tokens before the limit cost up to 1 reward linearly"
-    )
+from tlt.job_spec import GrpoConfig
 
 
 @dataclass

@@ -1,0 +1,65 @@
+"""The rollout pool over real rollout server processes: a server added mid-batch gets work, a
+server killed mid-batch has its requests re-sent, and every sample comes back exactly once and
+equal to what one healthy server generates (greedy)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from tlt.paths import BUNDLED_MODEL
+from tlt.rollout_client import SamplingParams
+from tlt.rollout_pool import NoServers, RolloutPool, RolloutRequest
+from tlt.server_process import RolloutServerProcess
+from tlt.tasks import GcdTask
+
+pytestmark = pytest.mark.slow
+
+
+def _batch(n: int) -> list[RolloutRequest]:
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    params = SamplingParams(max_new_tokens=160, temperature=0.0, ignore_eos=True)
+    problems = GcdTask().sample(n, seed=4, split="train")
+    return [RolloutRequest(f"s{i}", i // 4, tuple(tokenizer(p.prompt).input_ids), params) for i, p in enumerate(problems)]
+
+
+def test_servers_join_and_die_mid_batch_and_every_sample_comes_back_once(tmp_path: Path) -> None:
+    batch = _batch(48)
+    a = RolloutServerProcess(BUNDLED_MODEL, tmp_path / "a.log")
+    b = RolloutServerProcess(BUNDLED_MODEL, tmp_path / "b.log")
+    with a.start(), b.start():
+        reference, _ = RolloutPool(lambda: [b.url], max_concurrency=16).run(batch)
+        servers = [a.url]
+        done: list[str] = []
+        lock = threading.Lock()
+
+        def on_done(request, completion) -> None:
+            with lock:
+                done.append(request.key)
+                if len(done) == 8:
+                    servers.append(b.url)  # scaled up mid-batch
+                if len(done) == 20:
+                    a.kill()  # and a server dies with requests in flight (it stays listed: a stale endpoint)
+
+        pool = RolloutPool(lambda: list(servers), max_concurrency=16)
+        results, stats = pool.run(batch, on_done)
+    print(f"completions by server: {stats.by_server}; re-sent {stats.resent}")
+    assert sorted(done) == sorted(r.key for r in batch) and len(done) == len(set(done))
+    assert {k: c.output_ids for k, c in results.items()} == {k: c.output_ids for k, c in reference.items()}
+    assert all(len(c.logprobs) == 160 for c in results.values())
+    assert stats.by_server.get(b.url, 0) > 0 and stats.resent > 0 and a.url in stats.failed_servers
+
+
+def test_no_server_is_a_clear_error() -> None:
+    pool = RolloutPool(lambda: ["http://127.0.0.1:9"], no_server_timeout_s=1.0)
+    with pytest.raises(NoServers, match="no live rollout server"):
+        pool.run(_batch(1))
+
+
+def test_keys_must_be_unique() -> None:
+    request = _batch(1)[0]
+    with pytest.raises(ValueError, match="unique"):
+        RolloutPool(lambda: []).run([request, request])

@@ -1,0 +1,132 @@
+"""Rollouts spread over the live rollout servers: each sample is one request with a key of its own,
+sent to the server with the fewest requests in flight among those discovery lists; a request whose
+server fails (connection refused or reset, HTTP 5xx, timeout) is re-sent elsewhere, and every key
+is answered exactly once. Discovery is asked again before each dispatch, so servers added or
+removed mid-step are picked up (a static list on one machine, EndpointSlices on Kubernetes)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import requests
+
+from tlt.rollout_client import Completion, SamplingParams, parse_completion
+
+logger = logging.getLogger(__name__)
+
+
+class NoServers(RuntimeError):
+    """No live rollout server for longer than the pool waits."""
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """One sample: `key` names it (unique in a step), `group` is its prompt's group."""
+
+    key: str
+    group: int
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams
+    seed: int | None = None  # SGLang's sampling_seed: a re-sent sample draws the same tokens
+
+
+@dataclass
+class PoolStats:
+    """What a `run` did: completions per server and requests re-sent after a failure."""
+
+    by_server: dict[str, int] = field(default_factory=dict)
+    resent: int = 0
+    failed_servers: set[str] = field(default_factory=set)
+
+
+class RolloutPool:
+    """Runs batches of rollout requests over the servers `discover()` returns (base URLs)."""
+
+    def __init__(
+        self,
+        discover: Callable[[], Sequence[str]],
+        request_timeout_s: float = 900.0,
+        no_server_timeout_s: float = 120.0,
+        max_concurrency: int = 256,
+        return_logprob: bool = True,
+    ) -> None:
+        self.discover, self.request_timeout_s = discover, request_timeout_s
+        self.no_server_timeout_s, self.max_concurrency, self.return_logprob = no_server_timeout_s, max_concurrency, return_logprob
+        self._lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._failed: dict[str, float] = {}  # url -> when it failed; skipped for a while
+        self._session = requests.Session()
+
+    def _pick(self) -> str:
+        deadline = time.monotonic() + self.no_server_timeout_s
+        while True:
+            servers = list(self.discover())
+            with self._lock:
+                now = time.monotonic()
+                live = [s for s in servers if now - self._failed.get(s, -1e9) > 5.0]
+                if live:
+                    url = min(live, key=lambda s: self._in_flight.get(s, 0))
+                    self._in_flight[url] = self._in_flight.get(url, 0) + 1
+                    return url
+            if time.monotonic() > deadline:
+                raise NoServers(f"no live rollout server for {self.no_server_timeout_s:.0f} s (discovered: {servers})")
+            time.sleep(0.2)
+
+    def _generate(self, url: str, request: RolloutRequest) -> Completion:
+        params = request.params.model_dump()
+        if request.seed is not None:
+            params["sampling_seed"] = request.seed
+        body = {"input_ids": list(request.prompt_ids), "sampling_params": params, "return_logprob": self.return_logprob}
+        answer = self._session.post(f"{url}/generate", json=body, timeout=self.request_timeout_s)
+        if answer.status_code >= 500:
+            raise requests.HTTPError(f"{url}: HTTP {answer.status_code}", response=answer)
+        if answer.status_code >= 400:  # the request itself is bad: no other server would take it
+            raise ValueError(f"rollout request {request.key} refused by {url}: {answer.text[:500]}")
+        return parse_completion(answer.json())
+
+    def _one(self, request: RolloutRequest, stats: PoolStats) -> Completion:
+        while True:
+            url = self._pick()
+            try:
+                completion = self._generate(url, request)
+            except (requests.ConnectionError, requests.Timeout, requests.HTTPError) as err:
+                with self._lock:
+                    self._failed[url] = time.monotonic()
+                    stats.failed_servers.add(url)
+                    stats.resent += 1
+                logger.warning("rollout server %s failed on %s (%s); re-sending", url, request.key, type(err).__name__)
+                continue
+            finally:
+                with self._lock:
+                    self._in_flight[url] -= 1
+            with self._lock:
+                self._failed.pop(url, None)
+                stats.by_server[url] = stats.by_server.get(url, 0) + 1
+            return completion
+
+    def run(
+        self, batch: Sequence[RolloutRequest], on_done: Callable[[RolloutRequest, Completion], None] | None = None
+    ) -> tuple[dict[str, Completion], PoolStats]:
+        """Every request's completion by key (each exactly once), and what it took."""
+        keys = [r.key for r in batch]
+        if len(set(keys)) != len(keys):
+            raise ValueError("rollout request keys must be unique within a batch")
+        stats = PoolStats()
+        results: dict[str, Completion] = {}
+
+        def one(request: RolloutRequest) -> None:
+            completion = self._one(request, stats)
+            with self._lock:
+                results[request.key] = completion
+            if on_done is not None:
+                on_done(request, completion)
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_concurrency, len(batch)))) as pool:
+            for future in [pool.submit(one, r) for r in batch]:
+                future.result()
+        return results, stats

@@ -1,0 +1,215 @@
+"""The GRPO loop of one job: roll out G samples per prompt over the rollout pool, score them,
+compute group advantages, update the HF policy with the clipped token-level loss, publish the new
+version to the rollout servers. One `step()` is one RL step; its metrics say where the time went."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tlt.job_spec import JobSpec
+from tlt.rollout_client import Completion, SamplingParams
+from tlt.rollout_pool import RolloutPool, RolloutRequest
+from tlt.tasks import GcdProblem, GcdTask
+from trainer.grpo import (
+    ScoredGroup,
+    group_advantages,
+    grpo_loss,
+    informative_groups,
+    shaped_rewards,
+    token_logprobs,
+)
+from trainer.policy_publisher import DiskPolicyPublisher
+
+
+@dataclass
+class StepMetrics:
+    """One RL step: reward, where the time went, what speculation and the loss did."""
+
+    step: int
+    policy_version: int  # the version that generated this step's samples
+    reward_mean: float
+    samples: int
+    groups_used: int  # groups with a non-zero advantage somewhere
+    response_tokens: int
+    rollout_s: float
+    tail_s: float  # from 90% of the samples done to the last one
+    train_s: float
+    publish_s: float
+    loss: float
+    clip_fraction: float
+    spec_accept_length: float  # tokens per verification step; 0: no speculation
+    resent: int  # samples re-sent after a server failed
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Sample:
+    prompt_ids: list[int]
+    completion: Completion
+    advantage: float
+    counted: bool  # in the loss (not masked by the overlong filter)
+
+
+def sample_seed(job_seed: int, key: str) -> int:
+    """A stable per-sample sampling seed: a re-sent sample draws the same tokens."""
+    return int.from_bytes(hashlib.sha256(f"{job_seed}:{key}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+class GrpoTrainer:
+    """Owns the policy and its optimiser; `step(n)` runs RL step n."""
+
+    def __init__(self, spec: JobSpec, pool: RolloutPool, publisher: DiskPolicyPublisher, servers: Callable[[], Sequence[str]]) -> None:
+        self.spec, self.pool, self.publisher, self.servers = spec, pool, publisher, servers
+        torch.manual_seed(spec.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+        self.policy = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32)
+        self.policy.train()
+        self.reference = None
+        if spec.grpo.kl_coef > 0:
+            self.reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).eval()
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
+        self.version = 0  # the servers start on the initial checkpoint: version 0
+        self.task = GcdTask()
+
+    def problems(self, step: int) -> list[GcdProblem]:
+        return self.task.sample(self.spec.prompts_per_step, seed=self.spec.seed * 1_000_003 + step, split="train")
+
+    def step(self, step: int) -> StepMetrics:
+        spec = self.spec
+        problems = self.problems(step)
+        params = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature)
+        batch = []
+        for i, problem in enumerate(problems):
+            prompt_ids = tuple(self.tokenizer(problem.prompt).input_ids)
+            for g in range(spec.samples_per_prompt):
+                key = f"{step}-{i}-{g}"
+                batch.append(RolloutRequest(key, i, prompt_ids, params, seed=sample_seed(spec.seed, key)))
+        started = time.monotonic()
+        finish_times: list[float] = []
+        completions, stats = self.pool.run(batch, on_done=lambda r, c: finish_times.append(time.monotonic() - started))
+        rollout_s = time.monotonic() - started
+        finish_times.sort()
+        tail_s = finish_times[-1] - finish_times[int(0.9 * (len(finish_times) - 1))]
+
+        samples, rewards_all, groups_used = self._score(problems, batch, completions)
+        train_start = time.monotonic()
+        metrics = self._update(samples)
+        train_s = time.monotonic() - train_start
+
+        publish_start = time.monotonic()
+        self.version += 1
+        path = self.publisher.write(self.policy, self.tokenizer, self.version)
+        self.publisher.load_into(self.servers(), path, self.version)
+        publish_s = time.monotonic() - publish_start
+
+        verify = sum(c.spec_verify_ct for c in completions.values())
+        tokens = sum(len(c.output_ids) for c in completions.values())
+        return StepMetrics(
+            step=step,
+            policy_version=self.version - 1,
+            reward_mean=sum(rewards_all) / len(rewards_all),
+            samples=len(batch),
+            groups_used=groups_used,
+            response_tokens=tokens,
+            rollout_s=rollout_s,
+            tail_s=tail_s,
+            train_s=train_s,
+            publish_s=publish_s,
+            loss=metrics["loss"],
+            clip_fraction=metrics["clip_fraction"],
+            spec_accept_length=tokens / verify if verify else 0.0,
+            resent=stats.resent,
+        )
+
+    def _score(self, problems, batch, completions) -> tuple[list[_Sample], list[float], int]:
+        """Samples with their advantages (groups without signal dropped when configured), the raw
+        rewards, and how many groups have any signal."""
+        spec, G = self.spec, self.spec.samples_per_prompt
+        raw, shaped_all, truncated_all = [], [], []
+        for i, problem in enumerate(problems):
+            group = [completions[r.key] for r in batch[i * G : (i + 1) * G]]
+            texts = [self.tokenizer.decode(c.output_ids, skip_special_tokens=True) for c in group]
+            scored = ScoredGroup(
+                rewards=[problem.reward(t) for t in texts],
+                lengths=[len(c.output_ids) for c in group],
+                truncated=[c.finish_reason == "length" for c in group],
+            )
+            raw += scored.rewards
+            shaped_all.append(shaped_rewards(scored, spec.grpo, spec.max_new_tokens))
+            truncated_all.append(scored.truncated)
+        rewards = torch.tensor(shaped_all)
+        advantages = group_advantages(rewards, spec.grpo.normalize_std)
+        keep = informative_groups(rewards) if spec.grpo.filter_zero_variance else torch.ones(len(problems), dtype=torch.bool)
+        samples = []
+        for i in range(len(problems)):
+            if not keep[i]:
+                continue
+            for g in range(G):
+                request = batch[i * G + g]
+                counted = not (spec.grpo.overlong == "filter" and truncated_all[i][g])
+                samples.append(_Sample(list(request.prompt_ids), completions[request.key], float(advantages[i, g]), counted))
+        return samples, raw, int(informative_groups(rewards).sum())
+
+    def _update(self, samples: list[_Sample]) -> dict[str, float]:
+        """`updates_per_step` optimizer steps over mini-batches of the samples, token-level loss."""
+        counted = [s for s in samples if s.counted and s.completion.output_ids and s.completion.logprobs]
+        if not counted:
+            return {"loss": 0.0, "clip_fraction": 0.0}
+        order = torch.randperm(len(counted), generator=torch.Generator().manual_seed(self.spec.seed)).tolist()
+        minibatches = [
+            [counted[j] for j in order[k :: self.spec.updates_per_step]] for k in range(self.spec.updates_per_step)
+        ]
+        totals = {"loss": 0.0, "clip_fraction": 0.0}
+        for minibatch in minibatches:
+            tokens_total = sum(len(s.completion.output_ids) for s in minibatch)
+            self.optimizer.zero_grad(set_to_none=True)
+            for chunk in self._micro_batches(minibatch):
+                loss, metrics = self._loss(chunk)
+                weight = sum(len(s.completion.output_ids) for s in chunk) / tokens_total
+                (loss * weight).backward()
+                for key in totals:
+                    totals[key] += metrics[key] * weight / len(minibatches)
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
+            self.optimizer.step()
+        return totals
+
+    def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
+        chunks, current, width = [], [], 0
+        for sample in sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion.output_ids)):
+            length = len(sample.prompt_ids) + len(sample.completion.output_ids)
+            if current and max(width, length) * (len(current) + 1) > self.spec.tokens_per_micro_batch:
+                chunks.append(current)
+                current, width = [], 0
+            current.append(sample)
+            width = max(width, length)
+        return [*chunks, current] if current else chunks
+
+    def _loss(self, chunk: list[_Sample]) -> tuple[torch.Tensor, dict[str, float]]:
+        width = max(len(s.prompt_ids) + len(s.completion.output_ids) for s in chunk)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(chunk), width), dtype=torch.long)
+        mask = torch.zeros((len(chunk), width - 1))
+        old = torch.zeros((len(chunk), width - 1))
+        advantages = torch.tensor([s.advantage for s in chunk])
+        for row, s in enumerate(chunk):
+            sequence = s.prompt_ids + s.completion.output_ids
+            ids[row, : len(sequence)] = torch.tensor(sequence)
+            attention[row, : len(sequence)] = 1
+            start = len(s.prompt_ids) - 1  # position predicting the first response token
+            mask[row, start : start + len(s.completion.output_ids)] = 1
+            old[row, start : start + len(s.completion.output_ids)] = torch.tensor(s.completion.logprobs)
+        logprobs = token_logprobs(self.policy(input_ids=ids, attention_mask=attention).logits, ids)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = token_logprobs(self.reference(input_ids=ids, attention_mask=attention).logits, ids)
+        return grpo_loss(logprobs, old, advantages, mask, self.spec.grpo, ref)
