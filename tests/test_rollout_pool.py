@@ -62,4 +62,4 @@ def test_no_server_is_a_clear_error() -> None:
 def test_keys_must_be_unique() -> None:
     request = _batch(1)[0]
     with pytest.raises(ValueError, match="unique"):
-        RolloutPool(lambda: []).run([request, request])
+        RolloutPool(list).run([request, request])

@@ -43,8 +43,9 @@ class StepMetrics:
     publish_s: float
     loss: float
     clip_fraction: float
-    spec_accept_length: float  # tokens per verification step; 0: no speculation
+    spec_accept_length: float  # tokens per verification step of the speculated samples; 0: none
     resent: int  # samples re-sent after a server failed
+    stale_samples: int  # samples a server generated with another policy version than this step's
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -76,8 +77,25 @@ class GrpoTrainer:
         if spec.grpo.kl_coef > 0:
             self.reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).eval()
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
-        self.version = 0  # the servers start on the initial checkpoint: version 0
+        self.version = 0
         self.task = GcdTask()
+
+    def publish(self) -> float:
+        """Load the current weights, as `self.version`, into every server; returns the seconds it took.
+        Call it once before the first step (servers may hold anything: another job's policy)."""
+        started = time.monotonic()
+        path = self.publisher.write(self.policy, self.tokenizer, self.version)
+        self.publisher.load_into(self.servers(), path, self.version)
+        return time.monotonic() - started
+
+    def evaluate(self, problems: int = 128) -> float:
+        """Greedy accuracy of the served policy on held-out (test-split) problems."""
+        params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
+        held_out = self.task.sample(problems, seed=self.spec.seed + 7919, split="test")
+        batch = [RolloutRequest(f"eval-{i}", i, tuple(self.tokenizer(p.prompt).input_ids), params) for i, p in enumerate(held_out)]
+        completions, _ = self.pool.run(batch)
+        texts = [self.tokenizer.decode(completions[r.key].output_ids, skip_special_tokens=True) for r in batch]
+        return sum(p.reward(t) for p, t in zip(held_out, texts, strict=True)) / len(held_out)
 
     def problems(self, step: int) -> list[GcdProblem]:
         return self.task.sample(self.spec.prompts_per_step, seed=self.spec.seed * 1_000_003 + step, split="train")
@@ -104,14 +122,13 @@ class GrpoTrainer:
         metrics = self._update(samples)
         train_s = time.monotonic() - train_start
 
-        publish_start = time.monotonic()
+        stale = sum(1 for c in completions.values() if c.weight_version != str(self.version))
         self.version += 1
-        path = self.publisher.write(self.policy, self.tokenizer, self.version)
-        self.publisher.load_into(self.servers(), path, self.version)
-        publish_s = time.monotonic() - publish_start
+        publish_s = self.publish()
 
         verify = sum(c.spec_verify_ct for c in completions.values())
         tokens = sum(len(c.output_ids) for c in completions.values())
+        speculated = sum(len(c.output_ids) for c in completions.values() if c.spec_verify_ct)
         return StepMetrics(
             step=step,
             policy_version=self.version - 1,
@@ -125,8 +142,9 @@ class GrpoTrainer:
             publish_s=publish_s,
             loss=metrics["loss"],
             clip_fraction=metrics["clip_fraction"],
-            spec_accept_length=tokens / verify if verify else 0.0,
+            spec_accept_length=speculated / verify if verify else 0.0,
             resent=stats.resent,
+            stale_samples=stale,
         )
 
     def _score(self, problems, batch, completions) -> tuple[list[_Sample], list[float], int]:

@@ -26,7 +26,8 @@ class DiskPolicyPublisher:
         root.mkdir(parents=True, exist_ok=True)
 
     def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> Path:
-        """Save the checkpoint of `version` (safetensors) and drop versions beyond the newest `keep`."""
+        """Save the checkpoint of `version` (safetensors); drop versions before the newest `keep`
+        and any later ones (a previous run's)."""
         path = self.root / f"policy-v{version}"
         staging = self.root / f".policy-v{version}.partial"
         shutil.rmtree(staging, ignore_errors=True)
@@ -34,9 +35,11 @@ class DiskPolicyPublisher:
         tokenizer.save_pretrained(staging)
         shutil.rmtree(path, ignore_errors=True)
         staging.rename(path)  # a server never reads a half-written directory
-        versions = sorted((int(p.name.removeprefix("policy-v")), p) for p in self.root.glob("policy-v*"))
-        for _, old in versions[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        for other in self.root.glob("policy-v*"):
+            number = int(other.name.removeprefix("policy-v"))
+            # Older than the newest `keep`, or left by an earlier run of the job with higher numbers.
+            if number <= version - self.keep or number > version:
+                shutil.rmtree(other, ignore_errors=True)
         return path
 
     def load_into(self, servers: Sequence[str], path: Path, version: int) -> None:

@@ -1,0 +1,36 @@
+"""Job files: YAML into the validated JobSpec; bad values and unknown fields are refused naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from tlt.job_spec import JobSpec
+
+
+def test_a_yaml_job_loads_with_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("name: gcd-1\nsteps: 3\ngrpo:\n  kl_coef: 0.01\n  overlong: penalty\n")
+    spec = JobSpec.from_yaml(path)
+    assert spec.name == "gcd-1" and spec.steps == 3 and spec.samples_per_prompt == 8
+    assert spec.grpo.kl_coef == 0.01 and spec.grpo.overlong == "penalty" and spec.grpo.clip_high == 0.28
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("name: x\nsamples_per_prompt: 1\n", "samples_per_prompt"),
+        ("name: 'bad name!'\n", "name"),
+        ("name: x\ngrpo:\n  overlong: maybe\n", "grpo.overlong"),
+        ("name: x\nlearning_rate: 1\n", "learning_rate"),
+        ("- name: x\n", "JobSpec"),
+    ],
+)
+def test_bad_job_files_are_refused_naming_the_field(tmp_path: Path, text: str, field: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(ValidationError) as err:
+        JobSpec.from_yaml(path)
+    assert field in str(err.value)

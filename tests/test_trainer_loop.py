@@ -1,0 +1,63 @@
+"""The GRPO loop over real rollout servers (one speculating with the bundled drafter, one not):
+each step's samples come from the version the step started on, and every published version is
+what the servers then serve (greedy outputs equal HF's on the trainer's own weights, with SD too)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from tlt.job_spec import JobSpec
+from tlt.models.hf_generate import greedy_generate
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.rollout_client import SamplingParams
+from tlt.rollout_pool import RolloutPool
+from tlt.server_process import RolloutServerProcess
+from tlt.tasks import GcdTask
+from trainer.loop import GrpoTrainer
+from trainer.policy_publisher import DiskPolicyPublisher
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[list[RolloutServerProcess]]:
+    logs = tmp_path_factory.mktemp("trainer-servers")
+    speculating = ["--speculative", "adaptive", "--draft-model-path", str(BUNDLED_DRAFTER), "--random-seed", "0"]
+    a = RolloutServerProcess(BUNDLED_MODEL, logs / "a.log", args=speculating)
+    b = RolloutServerProcess(BUNDLED_MODEL, logs / "b.log", args=["--random-seed", "0"])
+    with a.start(), b.start():
+        yield [a, b]
+
+
+def _trainer(servers, tmp_path: Path, **spec) -> GrpoTrainer:
+    urls = [s.url for s in servers]
+    job = JobSpec(name="loop-test", **spec)
+    trainer = GrpoTrainer(job, RolloutPool(lambda: urls), DiskPolicyPublisher(tmp_path / "policy"), lambda: urls)
+    trainer.publish()  # version 0: the servers may still hold another test's policy
+    return trainer
+
+
+def test_published_versions_are_what_the_servers_serve(servers, tmp_path: Path) -> None:
+    trainer = _trainer(servers, tmp_path, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=256, lr=1e-3)
+    first = trainer.step(0)
+    second = trainer.step(1)
+    print(f"steps: {first}\n{second}")
+    assert first.policy_version == 0 and second.policy_version == 1 and trainer.version == 2
+    assert first.stale_samples == 0 and second.stale_samples == 0 and second.samples == 32
+    assert 1.0 < first.spec_accept_length <= 5.0  # server A speculated (4 draft steps) on its share
+    assert first.clip_fraction == 0.0  # on-policy: the servers' logprobs are the trainer's own
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(6, seed=99, split="test")]
+    trainer.policy.eval()
+    with torch.no_grad():
+        expected = [list(o) for o in greedy_generate(trainer.policy, prompts, 120, tokenizer.eos_token_id, tokenizer.pad_token_id)]
+    for server in servers:
+        outputs = [c.output_ids for c in server.client().generate_batch(prompts, SamplingParams(max_new_tokens=120, temperature=0.0))]
+        assert outputs == expected, f"{server.url} does not serve the trainer's weights"
+
+
