@@ -69,7 +69,7 @@ def main(
         [tokenizer(p.prompt).input_ids for p in GcdTask().sample(prompts, seed=seed + r, split="train")] for r in range(rounds)
     ]
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis() as redis_server:
-        env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+        env = redis_server.client_env()
         service = GrpcServiceProcess("drafter_service", Path(tmp) / "service.log", env=env)
         args = ["--speculative", "adaptive", "--draft-model-path", str(BUNDLED_DRAFTER), "--drafter-job", job]
         args += ["--samples-job", job, "--random-seed", str(seed)]

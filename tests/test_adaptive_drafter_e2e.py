@@ -61,7 +61,7 @@ def _drafter_version(server: RolloutServerProcess) -> float:
 
 def test_idle_server_trains_the_drafter_while_the_other_finishes(redis_server, tmp_path: Path) -> None:
     job = f"e2e-{uuid.uuid4().hex[:6]}"
-    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    env = redis_server.client_env()
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
     model = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
     held_out = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(12, seed=21, split="test")]

@@ -31,7 +31,7 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 @pytest.fixture(scope="module")
 def service(redis_server, tmp_path_factory) -> Iterator[GrpcServiceProcess]:
-    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    env = redis_server.client_env()
     log = tmp_path_factory.mktemp("drafter-service") / "service.log"
     args = ["--auth-token", TOKEN, "--lease-ttl-s", "2"]
     with GrpcServiceProcess("drafter_service", log, args=args, env=env).start(timeout_s=60) as process:

@@ -53,7 +53,7 @@ def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_pat
     job = f"swap-{uuid.uuid4().hex[:6]}"
     channel = WeightChannel(redis_server.settings.client(), job, "drafter")
     v1 = channel.publish(useless, parent=None)
-    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    env = redis_server.client_env()
     args = ["--speculative", "always", "--draft-steps", "3", "--draft-model-path", str(BUNDLED_DRAFTER)]
     args += ["--drafter-job", job, "--samples-job", job, "--enable-metrics", "--random-seed", "0"]
     with RolloutServerProcess(BUNDLED_MODEL, tmp_path / "server.log", args=args, env=env) as server:

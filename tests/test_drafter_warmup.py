@@ -40,7 +40,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def service(redis_server, data_dir, tmp_path_factory) -> Iterator[GrpcServiceProcess]:
-    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    env = redis_server.client_env()
     log = tmp_path_factory.mktemp("warmup-service") / "service.log"
     args = ["--data-dir", str(data_dir), "--lease-ttl-s", "2"]  # a short lease: the warm-up must keep renewing it
     with GrpcServiceProcess("drafter_service", log, args=args, env=env).start(timeout_s=60) as process:

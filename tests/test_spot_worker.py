@@ -35,7 +35,7 @@ JOB = f"spot-{uuid.uuid4().hex[:6]}"
 
 @pytest.fixture(scope="module")
 def setup(redis_server, tmp_path_factory) -> Iterator[tuple[RolloutServerProcess, SpotWorker]]:
-    env = {"TLT_REDIS_URL": redis_server.settings.url, "TLT_REDIS_PASSWORD": redis_server.password}
+    env = redis_server.client_env()
     logs = tmp_path_factory.mktemp("spot")
     service = GrpcServiceProcess("drafter_service", logs / "service.log", env=env).start(timeout_s=60)
     server = RolloutServerProcess(BUNDLED_MODEL, logs / "server.log", args=["--samples-job", JOB, "--random-seed", "0"], env=env)

@@ -53,6 +53,13 @@ class EmbeddedRedis:
         """Connection settings for clients of this server."""
         return RedisSettings(url=f"redis://127.0.0.1:{self.port}/0", password=self.password)
 
+    def client_env(self) -> dict[str, str]:
+        """The `TLT_REDIS_*` variables that point a child process (a TLT service) at this server."""
+        env = {"TLT_REDIS_URL": self.settings.url}
+        if self.password:
+            env["TLT_REDIS_PASSWORD"] = self.password
+        return env
+
     def _argv(self) -> list[str]:
         argv = [str(redis_server_binary()), "--port", str(self.port), "--bind", "127.0.0.1"]
         argv += ["--save", "", "--protected-mode", "yes", "--loglevel", "warning"]
