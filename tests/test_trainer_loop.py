@@ -1,4 +1,5 @@
-"""The GRPO loop over real rollout servers (one speculating with the bundled drafter, one not):
+"""The GRPO loop over real rollout servers (one speculating with the bundled drafter, one not): ten
+seeded steps raise the accuracy of the sampled policy on held-out problems;
 each step's samples come from the version the step started on, and every published version is
 what the servers then serve (greedy outputs equal HF's on the trainer's own weights, with SD too)."""
 
@@ -61,3 +62,12 @@ def test_published_versions_are_what_the_servers_serve(servers, tmp_path: Path) 
         assert outputs == expected, f"{server.url} does not serve the trainer's weights"
 
 
+
+
+def test_ten_steps_raise_the_held_out_sampled_accuracy(servers, tmp_path: Path) -> None:
+    trainer = _trainer(servers, tmp_path, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=512, lr=1e-4)
+    before = trainer.evaluate(256, temperature=1.0, samples=2)  # what GRPO optimises: the sampled policy
+    rewards = [trainer.step(step).reward_mean for step in range(10)]
+    after = trainer.evaluate(256, temperature=1.0, samples=2)
+    print(f"held-out accuracy at T=1: {before:.3f} -> {after:.3f}; training reward per step: " + ", ".join(f"{r:.2f}" for r in rewards))
+    assert after > before + 0.05  # 512 samples each: the standard error of either figure is about 0.022

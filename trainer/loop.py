@@ -88,14 +88,19 @@ class GrpoTrainer:
         self.publisher.load_into(self.servers(), path, self.version)
         return time.monotonic() - started
 
-    def evaluate(self, problems: int = 128) -> float:
-        """Greedy accuracy of the served policy on held-out (test-split) problems."""
-        params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=0.0)
+    def evaluate(self, problems: int = 128, temperature: float = 0.0, samples: int = 1) -> float:
+        """Accuracy of the served policy on held-out (test-split) problems: greedy by default, or
+        `samples` per problem at `temperature` (seeded)."""
+        params = SamplingParams(max_new_tokens=self.spec.max_new_tokens, temperature=temperature)
         held_out = self.task.sample(problems, seed=self.spec.seed + 7919, split="test")
-        batch = [RolloutRequest(f"eval-{i}", i, tuple(self.tokenizer(p.prompt).input_ids), params) for i, p in enumerate(held_out)]
+        batch = [
+            RolloutRequest(f"eval-{i}-{k}", i, tuple(self.tokenizer(p.prompt).input_ids), params, seed=sample_seed(self.spec.seed, f"eval-{i}-{k}"))
+            for i, p in enumerate(held_out)
+            for k in range(samples)
+        ]
         completions, _ = self.pool.run(batch)
         texts = [self.tokenizer.decode(completions[r.key].output_ids, skip_special_tokens=True) for r in batch]
-        return sum(p.reward(t) for p, t in zip(held_out, texts, strict=True)) / len(held_out)
+        return sum(held_out[r.group].reward(t) for r, t in zip(batch, texts, strict=True)) / len(batch)
 
     def problems(self, step: int) -> list[GcdProblem]:
         return self.task.sample(self.spec.prompts_per_step, seed=self.spec.seed * 1_000_003 + step, split="train")
