@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from drafter_service.store import DrafterStore, FailedPrecondition
 from tlt import drafter_api as api
 from tlt.drafter.model import PolicyParts
-from tlt.drafter.slice import train_round
+from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
 from tlt.samples_stream import MAX_SAMPLE_TOKENS, SampleRecord, SamplesStream
 
@@ -139,8 +138,7 @@ class Warmup:
         limit = request.max_samples or DEFAULT_SAMPLES
         if request.dataset_path:
             return read_dataset(dataset_file(self.data_dir, request.dataset_path), policy_path, vocab_size, limit)
-        samples = SamplesStream(self.store.client, request.job_id).latest(limit)
-        return [PolicySequence(s.prompt_ids + s.output_ids, len(s.prompt_ids)) for s in samples if len(s.output_ids) > 1]
+        return usable_sequences(SamplesStream(self.store.client, request.job_id).latest(limit))
 
     def _warm_up(self, request: api.WarmupRequest, active: Callable[[], bool], emit: Callable[[WarmupEvent], None]) -> None:
         record = self.store.record(request.job_id)
@@ -148,8 +146,9 @@ class Warmup:
         sequences = self._sequences(request, record.policy_path, policy.config.vocab_size)
         if len(sequences) < 2:
             raise FailedPrecondition(f"{len(sequences)} usable sequences (a response of 2+ tokens each): nothing to warm up on")
-        random.Random(0).shuffle(sequences)
-        cut = max(1, int(len(sequences) * (request.eval_fraction or DEFAULT_EVAL_FRACTION)))
+        train, held_out = split_held_out(sequences, request.eval_fraction or DEFAULT_EVAL_FRACTION, seed=0)
+        sequences = held_out + train  # features are computed in this order
+        cut = len(held_out)
 
         lease = self.store.lease(api.LeaseRequest(job_id=request.job_id, worker_id=WARMUP_WORKER))
         ref = api.LeaseRef(lease_id=lease.lease_id, job_id=request.job_id)

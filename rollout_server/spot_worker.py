@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from transformers import AutoModelForCausalLM
 from rollout_server.memory_handoff import MemoryHandOff, memory_saver_enabled
 from rollout_server.server_features import ServerFeatures
 from tlt.drafter.model import PolicyParts
-from tlt.drafter.slice import train_round
+from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
 from tlt.samples_stream import SamplesStream
 from tlt.v1 import drafter_pb2 as pb
@@ -198,13 +197,10 @@ class SpotWorker:
         return features
 
     def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:
-        records = self.samples.latest(self.config.samples)
-        sequences = [PolicySequence(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records if len(r.output_ids) > 1]
+        sequences = usable_sequences(self.samples.latest(self.config.samples))
         if len(sequences) < 4:
             raise NoSamples(f"{len(sequences)} usable samples in the stream")
-        random.Random(self.config.seed).shuffle(sequences)
-        cut = max(1, int(len(sequences) * self.config.eval_fraction))
-        return sequences[cut:], sequences[:cut]
+        return split_held_out(sequences, self.config.eval_fraction, self.config.seed)
 
     def run_forever(self, poll_s: float = 0.2, on_slice: Callable[[SliceResult], None] | None = None) -> None:
         """Run slices whenever the server has been idle for the grace period and enough new

@@ -170,7 +170,8 @@ class GrpoTrainer:
             truncated_all.append(scored.truncated)
         rewards = torch.tensor(shaped_all)
         advantages = group_advantages(rewards, spec.grpo.normalize_std)
-        keep = informative_groups(rewards) if spec.grpo.filter_zero_variance else torch.ones(len(problems), dtype=torch.bool)
+        informative = informative_groups(rewards)
+        keep = informative if spec.grpo.filter_zero_variance else torch.ones(len(problems), dtype=torch.bool)
         samples = []
         for i in range(len(problems)):
             if not keep[i]:
@@ -179,7 +180,7 @@ class GrpoTrainer:
                 request = batch[i * G + g]
                 counted = not (spec.grpo.overlong == "filter" and truncated_all[i][g])
                 samples.append(_Sample(list(request.prompt_ids), completions[request.key], float(advantages[i, g]), counted))
-        return samples, raw, int(informative_groups(rewards).sum())
+        return samples, raw, int(informative.sum())
 
     def _update(self, samples: list[_Sample]) -> dict[str, float]:
         """`updates_per_step` optimizer steps over mini-batches of the samples, token-level loss."""

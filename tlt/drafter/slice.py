@@ -5,7 +5,8 @@ offline warm-up; `check` runs between two units of work and may raise to stop th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +15,7 @@ from transformers import PretrainedConfig
 from tlt.drafter.acceptance import chain_accept_lengths, response_starts
 from tlt.drafter.model import EagleDrafter, PolicyParts
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, pack, train_drafter
+from tlt.samples_stream import SampleRecord
 
 
 @dataclass
@@ -30,6 +32,21 @@ class RoundResult:
     def improved(self) -> bool:
         """A round that does not beat its base on held-out sequences is not published."""
         return self.accept_length > self.accept_length_before
+
+
+def usable_sequences(records: Iterable[SampleRecord]) -> list[PolicySequence]:
+    """Training sequences of finished rollouts: those with a response of two tokens or more."""
+    return [PolicySequence(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records if len(r.output_ids) > 1]
+
+
+def split_held_out(
+    sequences: Sequence[PolicySequence], fraction: float, seed: int
+) -> tuple[list[PolicySequence], list[PolicySequence]]:
+    """(train, held_out): a seeded shuffle, then at least one sequence held out."""
+    shuffled = list(sequences)
+    random.Random(seed).shuffle(shuffled)
+    cut = max(1, int(len(shuffled) * fraction))
+    return shuffled[cut:], shuffled[:cut]
 
 
 def held_out_accept_length(
