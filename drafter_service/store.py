@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from safetensors.torch import load_file
 
 from tlt import drafter_api as api
+from tlt.service_errors import AlreadyExists, FailedPrecondition, NotFound
 from tlt.weight_channel import BadBlob, CommitConflict, WeightChannel, safetensors_index
 
 EXPORT_PIECE_BYTES = 1024 * 1024
@@ -36,18 +37,6 @@ if not v or cjson.decode(v)['lease_id'] ~= ARGV[1] then return false end
 redis.call('DEL', KEYS[1])
 return v
 """
-
-
-class NotFound(Exception):
-    """No drafter registered for the job (or no such version)."""
-
-
-class AlreadyExists(Exception):
-    """The job's drafter is registered with other settings."""
-
-
-class FailedPrecondition(Exception):
-    """The request is valid but the state does not allow it (leased, lease ended, no weights)."""
 
 
 class Lease(BaseModel):

@@ -18,21 +18,18 @@ from pydantic import BaseModel, ValidationError, model_validator
 from safetensors.torch import save as save_blob
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from drafter_service.store import DrafterStore, FailedPrecondition
+from drafter_service.store import DrafterStore
 from tlt import drafter_api as api
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
 from tlt.samples_stream import MAX_SAMPLE_TOKENS, SampleRecord, SamplesStream
+from tlt.service_errors import Cancelled, FailedPrecondition
 
 WARMUP_WORKER = "warmup"
 DEFAULT_EPOCHS, DEFAULT_SAMPLES, DEFAULT_EVAL_FRACTION = 20, 2048, 0.1
 DRAFT_STEPS, EVAL_EVERY = 4, 4  # the accept-length measure, as the spot worker's
 _EVENTS_PER_PHASE = 50  # progress events per phase, whatever its length
-
-
-class Cancelled(Exception):
-    """The caller went away: the warm-up stops and gives its lease back."""
 
 
 @dataclass

@@ -47,7 +47,12 @@ class JobSpec(BaseModel):
     updates_per_step: int = Field(1, ge=1, le=64, description="optimizer steps per RL step (mini-batches)")
     tokens_per_micro_batch: int = Field(16384, ge=256, le=10_000_000, description="gradient accumulation chunking")
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=2**62)
+    drafter_path: Path | None = Field(
+        None, description="base EAGLE drafter (SGLang checkpoint) registered with the drafter service; none: a fresh one"
+    )
+    eval_every: int = Field(5, ge=0, le=100_000, description="held-out evaluation every this many steps and at the end; 0: never")
+    eval_problems: int = Field(64, ge=1, le=100_000, description="held-out problems per evaluation (sampled at the job's temperature)")
 
     @classmethod
     def from_yaml(cls, path: Path) -> JobSpec:

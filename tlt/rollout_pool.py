@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import requests
 
 from tlt.rollout_client import Completion, SamplingParams, parse_completion
+from tlt.service_errors import Cancelled
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +55,22 @@ class RolloutPool:
         no_server_timeout_s: float = 120.0,
         max_concurrency: int = 256,
         return_logprob: bool = True,
+        rid_prefix: str = "",
     ) -> None:
-        self.discover, self.request_timeout_s = discover, request_timeout_s
+        self.discover, self.request_timeout_s, self.rid_prefix = discover, request_timeout_s, rid_prefix
         self.no_server_timeout_s, self.max_concurrency, self.return_logprob = no_server_timeout_s, max_concurrency, return_logprob
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
         self._failed: dict[str, float] = {}  # url -> when it failed; skipped for a while
+        self._requests: dict[str, str] = {}  # rid -> url of the requests in flight
+        self._cancelled = threading.Event()
         self._session = requests.Session()
 
     def _pick(self) -> str:
         deadline = time.monotonic() + self.no_server_timeout_s
         while True:
+            if self._cancelled.is_set():
+                raise Cancelled("rollouts cancelled")
             servers = list(self.discover())
             with self._lock:
                 now = time.monotonic()
@@ -81,8 +87,19 @@ class RolloutPool:
         params = request.params.model_dump()
         if request.seed is not None:
             params["sampling_seed"] = request.seed
-        body = {"input_ids": list(request.prompt_ids), "sampling_params": params, "return_logprob": self.return_logprob}
-        answer = self._session.post(f"{url}/generate", json=body, timeout=self.request_timeout_s)
+        rid = f"{self.rid_prefix}{request.key}"
+        body = {"rid": rid, "input_ids": list(request.prompt_ids), "sampling_params": params, "return_logprob": self.return_logprob}
+        with self._lock:
+            if self._cancelled.is_set():
+                raise Cancelled("rollouts cancelled")
+            self._requests[rid] = url
+        try:
+            answer = self._session.post(f"{url}/generate", json=body, timeout=self.request_timeout_s)
+        finally:
+            with self._lock:
+                self._requests.pop(rid, None)
+        if self._cancelled.is_set():
+            raise Cancelled("rollouts cancelled")
         if answer.status_code >= 500:
             raise requests.HTTPError(f"{url}: HTTP {answer.status_code}", response=answer)
         if answer.status_code >= 400:  # the request itself is bad: no other server would take it
@@ -109,10 +126,23 @@ class RolloutPool:
                 stats.by_server[url] = stats.by_server.get(url, 0) + 1
             return completion
 
+    def cancel(self) -> None:
+        """Stop: `run` raises Cancelled, and the servers abort the requests in flight (freeing them
+        for other work) instead of finishing them. Final for this pool."""
+        with self._lock:
+            self._cancelled.set()
+            in_flight = dict(self._requests)
+        for rid, url in in_flight.items():
+            try:
+                self._session.post(f"{url}/abort_request", json={"rid": rid}, timeout=10)
+            except requests.RequestException as err:  # a dead server frees itself
+                logger.warning("could not abort %s on %s: %s", rid, url, err)
+
     def run(
         self, batch: Sequence[RolloutRequest], on_done: Callable[[RolloutRequest, Completion], None] | None = None
     ) -> tuple[dict[str, Completion], PoolStats]:
-        """Every request's completion by key (each exactly once), and what it took."""
+        """Every request's completion by key (each exactly once), and what it took. Raises
+        Cancelled once `cancel()` was called."""
         keys = [r.key for r in batch]
         if len(set(keys)) != len(keys):
             raise ValueError("rollout request keys must be unique within a batch")

@@ -304,3 +304,40 @@ class SpotWorkerSettings(BaseSettings):
         description="torch threads for training on the CPU; more than the cores left free makes OpenMP "
         "spin against the rollout server (measured: the slice stalled until its neighbour went idle)",
     )
+
+
+class TrainerSettings(BaseSettings):
+    """Flags of `python -m trainer` (also `TLT_TRAINER_*` variables; Redis: `TLT_REDIS_*`)."""
+
+    model_config = _process_flags("TLT_TRAINER_", "python -m trainer")
+
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(50051, ge=1, le=65535, description="gRPC port of the job API")
+    auth_token: SecretStr | None = Field(
+        None, description="when set, every call must carry `authorization: Bearer <token>` metadata"
+    )
+    rollout_servers: list[str] = Field(
+        default_factory=list, description="base URLs of the rollout servers (static discovery), e.g. http://10.0.0.5:30000"
+    )
+    runs_dir: Path = Field(Path("runs"), description="jobs write <runs-dir>/<job>/checkpoints and policy versions here")
+    policy_dir: Path | None = Field(
+        None, description="where published policy versions go (must be readable by the rollout servers); "
+        "unset: <runs-dir>/<job>/policy"
+    )
+    drafter_service: str | None = Field(None, description="host:port of the drafter service; unset: no adaptive drafter")
+    drafter_auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
+    max_jobs: int = Field(1000, ge=1, le=1_000_000, description="job records kept; further submissions are refused")
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=2**31 - 1, description="largest gRPC message")
+    workers: int = Field(16, ge=2, le=256, description="gRPC worker threads (each WatchJob holds one)")
+    threads: int = Field(1, ge=1, le=256, description="torch threads of the policy update on the CPU")
+    lock_ttl_s: float = Field(
+        15.0, ge=1.0, le=600.0, description="a trainer that stops renewing its Redis lock this long is taken over"
+    )
+
+    @field_validator("rollout_servers")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"rollout server {url!r} must be an http:// or https:// URL")
+        return [u.rstrip("/") for u in urls]

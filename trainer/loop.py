@@ -7,15 +7,18 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tlt.job_spec import JobSpec
+from tlt.jobs import StepMetrics
 from tlt.rollout_client import Completion, SamplingParams
 from tlt.rollout_pool import RolloutPool, RolloutRequest
 from tlt.tasks import GcdProblem, GcdTask
+from trainer.checkpoints import CheckpointState, read_state, restore_training_state, save_checkpoint
 from trainer.grpo import (
     ScoredGroup,
     group_advantages,
@@ -25,30 +28,6 @@ from trainer.grpo import (
     token_logprobs,
 )
 from trainer.policy_publisher import DiskPolicyPublisher
-
-
-@dataclass
-class StepMetrics:
-    """One RL step: reward, where the time went, what speculation and the loss did."""
-
-    step: int
-    policy_version: int  # the version that generated this step's samples
-    reward_mean: float
-    samples: int
-    groups_used: int  # groups with a non-zero advantage somewhere
-    response_tokens: int
-    rollout_s: float
-    tail_s: float  # from 90% of the samples done to the last one
-    train_s: float
-    publish_s: float
-    loss: float
-    clip_fraction: float
-    spec_accept_length: float  # tokens per verification step of the speculated samples; 0: none
-    resent: int  # samples re-sent after a server failed
-    stale_samples: int  # samples a server generated with another policy version than this step's
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -67,11 +46,19 @@ def sample_seed(job_seed: int, key: str) -> int:
 class GrpoTrainer:
     """Owns the policy and its optimiser; `step(n)` runs RL step n."""
 
-    def __init__(self, spec: JobSpec, pool: RolloutPool, publisher: DiskPolicyPublisher, servers: Callable[[], Sequence[str]]) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        pool: RolloutPool,
+        publisher: DiskPolicyPublisher,
+        servers: Callable[[], Sequence[str]],
+        resume_from: Path | None = None,
+    ) -> None:
+        """A fresh policy from `spec.model_path`, or the policy, optimizer and RNG of a checkpoint."""
         self.spec, self.pool, self.publisher, self.servers = spec, pool, publisher, servers
         torch.manual_seed(spec.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
-        self.policy = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32)
+        self.policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32)
         self.policy.train()
         self.reference = None
         if spec.grpo.kl_coef > 0:
@@ -79,6 +66,14 @@ class GrpoTrainer:
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
         self.version = 0
         self.task = GcdTask()
+        if resume_from is not None:
+            self.version = read_state(resume_from).policy_version
+            restore_training_state(resume_from, self.optimizer)
+
+    def checkpoint(self, root: Path, next_step: int, drafter_version: int = 0) -> Path:
+        """Save what a resumed job needs to continue at `next_step`."""
+        state = CheckpointState(next_step=next_step, policy_version=self.version, drafter_version=drafter_version)
+        return save_checkpoint(root, state, self.policy, self.tokenizer, self.optimizer)
 
     def publish(self) -> float:
         """Load the current weights, as `self.version`, into every server; returns the seconds it took.
@@ -133,7 +128,8 @@ class GrpoTrainer:
 
         verify = sum(c.spec_verify_ct for c in completions.values())
         tokens = sum(len(c.output_ids) for c in completions.values())
-        speculated = sum(len(c.output_ids) for c in completions.values() if c.spec_verify_ct)
+        # Each verification commits its accepted drafts plus one token of the policy's own.
+        speculated = verify + sum(c.spec_accepted_drafts for c in completions.values())
         return StepMetrics(
             step=step,
             policy_version=self.version - 1,
@@ -148,6 +144,7 @@ class GrpoTrainer:
             loss=metrics["loss"],
             clip_fraction=metrics["clip_fraction"],
             spec_accept_length=speculated / verify if verify else 0.0,
+            speculated_fraction=speculated / tokens if tokens else 0.0,
             resent=stats.resent,
             stale_samples=stale,
         )
@@ -187,7 +184,7 @@ class GrpoTrainer:
         counted = [s for s in samples if s.counted and s.completion.output_ids and s.completion.logprobs]
         if not counted:
             return {"loss": 0.0, "clip_fraction": 0.0}
-        order = torch.randperm(len(counted), generator=torch.Generator().manual_seed(self.spec.seed)).tolist()
+        order = torch.randperm(len(counted), generator=torch.Generator().manual_seed(self.spec.seed * 7919 + self.version)).tolist()
         minibatches = [
             [counted[j] for j in order[k :: self.spec.updates_per_step]] for k in range(self.spec.updates_per_step)
         ]

@@ -1,0 +1,102 @@
+"""The trainer's job API over real gRPC and a real Redis, the trainer a real process (no rollout
+server here: a started job waits for one, which is all these tests need)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from tlt.job_client import JobClient
+from tlt.job_spec import JobSpec
+from tlt.server_process import GrpcServiceProcess
+from tlt.v1 import jobs_pb2 as pb
+
+TOKEN = "job-test-token"
+
+
+@pytest.fixture(scope="module")
+def trainer(redis_server, tmp_path_factory) -> Iterator[GrpcServiceProcess]:
+    root = tmp_path_factory.mktemp("trainer")
+    env = {**redis_server.client_env(), "TLT_TRAINER_AUTH_TOKEN": TOKEN}
+    with GrpcServiceProcess("trainer", root / "trainer.log", args=["--runs-dir", str(root / "runs")], env=env).start(120) as process:
+        yield process
+
+
+@pytest.fixture
+def client(trainer) -> Iterator[JobClient]:
+    with JobClient(trainer.target, TOKEN) as job_client:
+        yield job_client
+
+
+def _refused(fn, *args) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        fn(*args)
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (pb.JobSpec(name="bad name!"), "name"),
+        (pb.JobSpec(name="g1", samples_per_prompt=1), "samples_per_prompt"),
+        (pb.JobSpec(name="g2", grpo=pb.GrpoConfig(overlong="truncate")), "grpo.overlong"),
+        (pb.JobSpec(name="g3", temperature=0.0), "temperature"),
+        (pb.JobSpec(name="g4", model_path="/nonexistent/model"), "model_path"),
+        (pb.JobSpec(name="g5", drafter_path="/nonexistent/drafter"), "drafter_path"),
+    ],
+)
+def test_bad_specs_are_refused_naming_the_field(client: JobClient, spec: pb.JobSpec, field: str) -> None:
+    err = _refused(client.submit, spec)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details().startswith(f"{field}:") or f"; {field}:" in err.details(), err.details()
+
+
+def test_a_wrong_or_missing_token_is_refused(trainer) -> None:
+    for token in (None, "wrong"):
+        with JobClient(trainer.target, token) as stranger:
+            assert _refused(stranger.list).code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_unknown_and_malformed_job_ids(client: JobClient) -> None:
+    assert _refused(client.get, "no-such-job").code() == grpc.StatusCode.NOT_FOUND
+    assert _refused(client.cancel, "no-such-job").code() == grpc.StatusCode.NOT_FOUND
+    assert _refused(lambda: list(client.watch("no-such-job"))).code() == grpc.StatusCode.NOT_FOUND
+    assert _refused(client.get, "../etc").code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _refused(client.list, "DONE").code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def _wait_state(client: JobClient, job_id: str, state: str, timeout_s: float = 60.0) -> pb.Job:
+    deadline = time.monotonic() + timeout_s
+    while (job := client.get(job_id)).state != state:
+        assert time.monotonic() < deadline, f"{job_id} stayed {job.state}: {job.message}"
+        time.sleep(0.1)
+    return job
+
+
+def test_submit_list_watch_and_cancel(client: JobClient, tmp_path: Path) -> None:
+    first = client.submit(JobSpec(name="svc-first", steps=2, prompts_per_step=2, samples_per_prompt=2))
+    assert first.state == "QUEUED" and first.spec.steps == 2 and first.spec.grpo.clip_high == pytest.approx(0.28)
+    _wait_state(client, "svc-first", "RUNNING")  # it waits for a rollout server that never comes
+    second = client.submit(JobSpec(name="svc-second", steps=1))
+    assert second.state == "QUEUED"
+    assert _refused(client.submit, JobSpec(name="svc-first")).code() == grpc.StatusCode.ALREADY_EXISTS
+
+    listed = [j.job_id for j in client.list() if j.job_id.startswith("svc-")]
+    assert listed == ["svc-second", "svc-first"]  # newest first
+    assert [j.job_id for j in client.list("QUEUED") if j.job_id.startswith("svc-")] == ["svc-second"]
+    assert len(client.list(limit=1)) == 1
+
+    assert client.cancel("svc-second").state == "CANCELLED"  # queued: at once
+    cancelled = client.cancel("svc-first")  # running: at its runner's next check
+    assert cancelled.state in ("RUNNING", "CANCELLED")
+    events = list(client.watch("svc-first"))  # ends with the job
+    states = [e.state for e in events if e.state]
+    assert states == ["QUEUED", "RUNNING", "CANCELLED"], events
+    assert client.get("svc-first").finished_at > 0
+    # A watch continued after the last event it saw gets nothing more (the job has ended).
+    assert list(client.watch("svc-first", events[-1].event_id)) == []
+    assert client.cancel("svc-first").state == "CANCELLED"  # idempotent

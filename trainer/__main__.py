@@ -1,0 +1,51 @@
+"""`python -m trainer --port N`: the job API over the job store in Redis, and the runner that trains
+the jobs over the rollout servers."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+import torch
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from tlt.settings import RedisSettings, TrainerSettings
+from trainer.grpc_server import build_server
+from trainer.job_store import JobStore
+from trainer.runner import JobRunner
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C; a running job stays RUNNING and resumes at the next start."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = CliApp.run(TrainerSettings, cli_args=sys.argv[1:] if argv is None else argv)
+        redis_settings = RedisSettings()
+    except ValidationError as err:
+        sys.exit(f"trainer: invalid settings:\n{err}")
+    torch.set_num_threads(settings.threads)
+    client = redis_settings.client()
+    client.ping()  # fail at start, not at the first call, when Redis is unreachable or refuses us
+    store = JobStore(client, max_jobs=settings.max_jobs)
+    servers = list(settings.rollout_servers)
+    runner = JobRunner(store, settings, lambda: servers)
+    server = build_server(settings, store, runner)
+    server.start()
+    runner.start()
+    logging.getLogger("trainer").info("serving the job API on %s:%d; rollout servers %s", settings.host, settings.port, servers)
+
+    def shutdown(*_) -> None:
+        runner.stop()
+        server.stop(grace=2)
+
+    signal.signal(signal.SIGTERM, shutdown)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""The trainer's side of the drafter service: register a job's drafter when the job starts, read its
+newest version for the step metrics."""
+
+from __future__ import annotations
+
+import grpc
+from pydantic import SecretStr
+
+from tlt.grpc_service import bearer_metadata
+from tlt.job_spec import JobSpec
+from tlt.v1 import drafter_pb2 as pb
+from tlt.v1 import drafter_pb2_grpc
+
+
+class DrafterLink:
+    def __init__(self, target: str, token: SecretStr | None = None, timeout_s: float = 60.0) -> None:
+        self._channel = grpc.insecure_channel(target)
+        self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
+        self._metadata, self._timeout_s = bearer_metadata(token), timeout_s
+
+    def register(self, spec: JobSpec) -> int:
+        """Register the job's drafter (its base drafter becomes version 1; registering again, as a
+        resumed job does, keeps the versions). Returns the newest version."""
+        request = pb.RegisterDrafterRequest(
+            job_id=spec.name, policy_path=str(spec.model_path), base_drafter_path=str(spec.drafter_path or "")
+        )
+        return self._stub.RegisterDrafter(request, metadata=self._metadata, timeout=self._timeout_s).latest_version
+
+    def latest_version(self, job_id: str) -> int:
+        info = self._stub.GetDrafter(pb.DrafterRef(job_id=job_id), metadata=self._metadata, timeout=self._timeout_s)
+        return info.latest_version
+
+    def close(self) -> None:
+        self._channel.close()

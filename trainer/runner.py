@@ -1,0 +1,161 @@
+"""Runs the trainer's jobs one at a time (they share the rollout servers): jobs a stopped trainer
+left running resume first from their newest checkpoint, then queued jobs in order. One trainer per
+Redis runs jobs (a Redis lock, renewed; a second trainer waits and takes over when the first stops
+renewing it). Cancellation aborts the job's rollouts on the servers; stopping the trainer leaves the
+running job RUNNING, to resume."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from redis.exceptions import LockError, RedisError
+
+from tlt.jobs import JobRecord, JobState
+from tlt.rollout_pool import RolloutPool
+from tlt.service_errors import Cancelled
+from tlt.settings import TrainerSettings
+from trainer.checkpoints import latest_checkpoint, read_state
+from trainer.drafter_link import DrafterLink
+from trainer.job_store import JobStore
+from trainer.loop import GrpoTrainer
+from trainer.policy_publisher import DiskPolicyPublisher
+
+logger = logging.getLogger(__name__)
+LOCK_KEY = "tlt:trainer:lock"
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, settings: TrainerSettings, discover: Callable[[], Sequence[str]]) -> None:
+        self.store, self.settings, self.discover = store, settings, discover
+        self.drafter = DrafterLink(settings.drafter_service, settings.drafter_auth_token) if settings.drafter_service else None
+        self._stop = threading.Event()
+        self._lost_lock = threading.Event()
+        self._lock = threading.Lock()
+        self._current: tuple[str, RolloutPool] | None = None
+        self._thread = threading.Thread(target=self._loop, name="job-runner", daemon=True)
+
+    def start(self) -> JobRunner:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop after aborting the current job's rollouts; the job stays RUNNING and resumes later."""
+        self._stop.set()
+        self._abort_current()
+        self._thread.join(timeout_s)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        """Cancel a job (a running one stops at its next rollout request or step)."""
+        record = self.store.request_cancel(job_id)
+        with self._lock:
+            running = self._current is not None and self._current[0] == job_id
+        if running:
+            self._abort_current()
+        return record
+
+    def _abort_current(self) -> None:
+        with self._lock:
+            current = self._current
+        if current is not None:
+            current[1].cancel()
+
+    def _loop(self) -> None:
+        lock = self.store.client.lock(LOCK_KEY, timeout=self.settings.lock_ttl_s, thread_local=False)
+        while not self._stop.is_set():
+            if not lock.acquire(blocking=True, blocking_timeout=1.0):
+                continue
+            logger.info("holding the trainer lock: running jobs")
+            self._lost_lock.clear()
+            renewer = threading.Thread(target=self._renew, args=(lock,), name="trainer-lock", daemon=True)
+            renewer.start()
+            try:
+                for record in self.store.interrupted():
+                    if self._stop.is_set() or self._lost_lock.is_set():
+                        break
+                    self._run(record)
+                while not (self._stop.is_set() or self._lost_lock.is_set()):
+                    job_id = self.store.next_queued(timeout_s=1.0)
+                    if job_id is not None:
+                        self._run(self.store.get(job_id))
+            finally:
+                self._lost_lock.set()  # ends the renewer
+                renewer.join()
+                try:
+                    lock.release()
+                except LockError:
+                    pass  # expired already
+
+    def _renew(self, lock) -> None:
+        while not self._lost_lock.wait(self.settings.lock_ttl_s / 3):
+            try:
+                lock.reacquire()
+            except RedisError as err:  # LockError included: another trainer may take over now
+                logger.error("lost the trainer lock (%s): yielding the running job", err)
+                self._lost_lock.set()
+                self._abort_current()
+
+    def _yielding(self) -> bool:
+        return self._stop.is_set() or self._lost_lock.is_set()
+
+    def _check_cancelled(self, job_id: str) -> None:
+        if self._yielding() or self.store.cancel_requested(job_id):
+            raise Cancelled(job_id)
+
+    def _run(self, record: JobRecord) -> None:
+        job, spec = record.job_id, record.spec
+        if record.state.terminal:
+            return
+        if self.store.cancel_requested(job):
+            self.store.transition(record, JobState.CANCELLED, "cancelled before it started")
+            return
+        root = self.settings.runs_dir / job
+        checkpoint = latest_checkpoint(root / "checkpoints")
+        if record.state == JobState.RUNNING:  # interrupted: this is a resumption
+            record.resumed += 1
+        # Request ids differ per attempt: a killed trainer's requests may still be on the servers.
+        pool = RolloutPool(self.discover, rid_prefix=f"{job}:{record.resumed}:")
+        with self._lock:
+            self._current = (job, pool)
+        try:
+            self.store.transition(record, JobState.RUNNING, f"resuming from {checkpoint.name}" if checkpoint else "started")
+            self._train(record, pool, root, checkpoint)
+            self.store.transition(record, JobState.SUCCEEDED, f"{spec.steps} steps done")
+        except Cancelled:
+            if self._yielding():
+                logger.info("job %s left RUNNING at step %d: the trainer is stopping", job, record.steps_done)
+            else:
+                self.store.transition(record, JobState.CANCELLED, "cancelled by a client")
+        except Exception as err:  # a failing job must not take the trainer down
+            logger.exception("job %s failed", job)
+            self.store.transition(record, JobState.FAILED, f"{type(err).__name__}: {err}"[:2000])
+        finally:
+            with self._lock:
+                self._current = None
+
+    def _train(self, record: JobRecord, pool: RolloutPool, root: Path, checkpoint: Path | None) -> None:
+        job, spec = record.job_id, record.spec
+        publisher = DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy")
+        trainer = GrpoTrainer(spec, pool, publisher, self.discover, resume_from=checkpoint)
+        next_step = read_state(checkpoint).next_step if checkpoint else 0
+        if self.drafter is not None:
+            self.drafter.register(spec)
+        trainer.publish()
+        if next_step == 0 and spec.eval_every:
+            accuracy = trainer.evaluate(spec.eval_problems, temperature=spec.temperature)
+            self.store.transition(record, JobState.RUNNING, f"held-out accuracy before training: {accuracy:.3f}", accuracy)
+        for step in range(next_step, spec.steps):
+            self._check_cancelled(job)
+            started = time.monotonic()
+            metrics = trainer.step(step)
+            if self.drafter is not None:
+                metrics.drafter_version = self.drafter.latest_version(job)
+            if spec.eval_every and ((step + 1) % spec.eval_every == 0 or step + 1 == spec.steps):
+                metrics.eval_accuracy = trainer.evaluate(spec.eval_problems, temperature=spec.temperature)
+            metrics.step_s = time.monotonic() - started
+            path = trainer.checkpoint(root / "checkpoints", step + 1, metrics.drafter_version)
+            self.store.step_done(record, metrics, str(path))
+            logger.info("job %s step %d: reward %.3f in %.1f s", job, step, metrics.reward_mean, metrics.step_s)
