@@ -10,7 +10,6 @@ HF transformers before and after.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 import uuid
@@ -27,24 +26,12 @@ from tests.greedy_speculation import tokens_per_verification
 from tests.metrics import metric_value
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_MODEL
-from tlt.server_process import GrpcServiceProcess, RolloutServerProcess, ServiceProcess
+from tlt.server_process import GrpcServiceProcess, RolloutServerProcess, SpotWorkerProcess
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
 
 pytestmark = pytest.mark.slow
-
-
-class SpotWorkerProcess(ServiceProcess):
-    """`python -m rollout_server.spot_worker`; it serves nothing, so running is healthy."""
-
-    kind = "spot worker"
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "rollout_server.spot_worker", *self.args]
-
-    def healthy(self) -> bool:
-        return self.alive()
 
 
 def _export(stub, job: str, out: Path) -> Path:

@@ -34,3 +34,15 @@ def test_bad_job_files_are_refused_naming_the_field(tmp_path: Path, text: str, f
     with pytest.raises(ValidationError) as err:
         JobSpec.from_yaml(path)
     assert field in str(err.value)
+
+
+def test_the_bundled_job_loads_with_paths_relative_to_its_file() -> None:
+    from tlt.paths import BUNDLED_DRAFTER, BUNDLED_JOB, BUNDLED_MODEL
+
+    spec = JobSpec.from_yaml(BUNDLED_JOB)
+    assert spec.model_path == BUNDLED_MODEL.resolve() and spec.drafter_path == BUNDLED_DRAFTER.resolve()
+
+
+def test_a_step_of_more_samples_than_the_limit_is_refused() -> None:
+    with pytest.raises(ValidationError, match="prompts_per_step x samples_per_prompt"):
+        JobSpec(name="huge", prompts_per_step=4096, samples_per_prompt=64)

@@ -20,7 +20,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.job_client import JobClient
+from tlt.job_spec import JobSpec
+from tlt.jobs import JobEvent, StepMetrics
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_JOB, BUNDLED_MODEL
 from tlt.settings import Speculation
 from tlt.stats import RolloutSummary, tail_time_share
 
@@ -56,6 +59,11 @@ def _summary_table(title: str, summary: RolloutSummary) -> Table:
         f"{summary.tail_ratio:.1f}x",
     )
     return table
+
+
+def _build_bundled_model() -> None:
+    console.print("bundled tiny model missing: building it")
+    make_tiny_model(out=BUNDLED_MODEL, eval_problems=0)
 
 
 @app.command("make-tiny-model")
@@ -99,8 +107,8 @@ def model_stats(
     console.print(_summary_table(f"{model.name}: greedy on {len(test)} test problems (lengths in tokens)", summary))
 
 
-@app.command("run")
-def run(
+@app.command("rollout")
+def rollout(
     model: Annotated[Path, typer.Option(help="HF checkpoint; the bundled tiny model is built if missing")] = BUNDLED_MODEL,
     prompts: Annotated[int, typer.Option(min=1, max=4096, help="problems in the batch")] = 64,
     samples: Annotated[int, typer.Option(min=1, max=64, help="samples per problem (the GRPO group)")] = 8,
@@ -113,7 +121,7 @@ def run(
     drafter: Annotated[Path, typer.Option(help="EAGLE drafter of the model (SGLang checkpoint)")] = BUNDLED_DRAFTER,
     runs_dir: Annotated[Path, typer.Option(help="where run records are written")] = Path("runs"),
 ) -> None:
-    """Start a rollout server on the model and roll out a batch of problems (the RL loop's rollout phase)."""
+    """Start a rollout server on the model and roll out a batch of problems (an RL step's rollout phase alone)."""
     from transformers import AutoTokenizer
 
     from tlt.evaluation import rollout_with_server
@@ -124,8 +132,7 @@ def run(
     if not (model / "config.json").exists():
         if model != BUNDLED_MODEL:
             raise typer.BadParameter(f"{model} has no config.json", param_hint="--model")
-        console.print("bundled tiny model missing: building it")
-        make_tiny_model(out=model, eval_problems=0)
+        _build_bundled_model()
     if speculative != "off" and drafter == BUNDLED_DRAFTER and model != BUNDLED_MODEL:
         raise typer.BadParameter("the bundled drafter fits the bundled model only: pass --drafter or --speculative off")
     server_args = ["--random-seed", str(seed), "--speculative", speculative]
@@ -186,6 +193,209 @@ def run(
             f"speculative decoding ({speculative}): {verifications} verification steps, "
             f"{record['spec_accept_length']:.2f} tokens committed per step on average"
         )
+
+
+def _load_job(job_file: Path, **overrides) -> JobSpec:
+    from pydantic import ValidationError
+
+    from tlt.grpc_service import validation_problems
+
+    try:
+        spec = JobSpec.from_yaml(job_file)
+        return JobSpec.model_validate({**spec.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
+    except (OSError, ValidationError) as err:
+        detail = validation_problems(err) if isinstance(err, ValidationError) else str(err)
+        raise typer.BadParameter(f"{job_file}: {detail}", param_hint="JOB_FILE") from None
+
+
+def _step_info(metrics: StepMetrics) -> str:
+    info = f"reward {metrics.reward_mean:.3f}, {metrics.step_s:.0f} s/step"
+    if metrics.eval_accuracy >= 0:
+        info += f", held-out {metrics.eval_accuracy:.3f}"
+    if metrics.spec_accept_length:
+        info += f", SD {metrics.speculated_fraction:.0%} of tokens at {metrics.spec_accept_length:.2f}/verification"
+    return info
+
+
+def _follow(client: JobClient, job_id: str, run_dir: Path | None = None) -> list[JobEvent]:
+    """Show a job's events as a progress bar until it ends (appending them to `run_dir`'s
+    events.jsonl and metrics.jsonl when given); returns them."""
+    job = client.get(job_id)
+    events: list[JobEvent] = []
+    with _progress() as progress:
+        task = progress.add_task(job_id, total=job.spec.steps, completed=0, info=job.state.lower())
+        for event in client.watch(job_id):
+            events.append(event)
+            if run_dir is not None:
+                with (run_dir / "events.jsonl").open("a") as out:
+                    out.write(event.model_dump_json() + "\n")
+            if event.step is not None:
+                if run_dir is not None:
+                    with (run_dir / "metrics.jsonl").open("a") as out:
+                        out.write(event.step.model_dump_json() + "\n")
+                progress.update(task, completed=event.step.step + 1, info=_step_info(event.step))
+            else:
+                progress.update(task, completed=event.steps_done, info=f"{event.state.lower()}: {event.message}")
+    return events
+
+
+@app.command("run")
+def run(
+    job_file: Annotated[Path, typer.Argument(help="job YAML (a JobSpec); default: the bundled GRPO job on the tiny model")] = BUNDLED_JOB,
+    steps: Annotated[int | None, typer.Option(min=1, help="override the job's number of RL steps")] = None,
+    servers: Annotated[int, typer.Option(min=1, max=16, help="rollout server processes")] = 2,
+    speculative: Annotated[Speculation, typer.Option(help="the servers' speculative decoding: off, always, adaptive")] = "adaptive",
+    spot_training: Annotated[bool, typer.Option(help="spot workers retrain the drafter on idle servers")] = True,
+    redis_url: Annotated[str | None, typer.Option(envvar="TLT_REDIS_URL", help="external Redis; default: an embedded one")] = None,
+    runs_dir: Annotated[Path, typer.Option(help="runs/<job>/ gets metrics, checkpoints, logs and the report")] = Path("runs"),
+    trainer_threads: Annotated[int, typer.Option(min=1, max=256, help="torch threads of the policy update")] = 1,
+) -> None:
+    """Run an RL job on this machine: Redis, the drafter service, rollout servers with spot workers
+    and the trainer as local processes; the job is submitted over gRPC and followed until it ends.
+    Ctrl-C cancels the job and stops everything."""
+    import os
+
+    from tlt.local_cluster import ClusterConfig, LocalCluster
+    from tlt.report import write_report
+    from tlt.sd_timeline import TimelineRecorder, read_timeline
+
+    spec = _load_job(job_file, steps=steps)
+    if spec.model_path == BUNDLED_MODEL.resolve() and not (BUNDLED_MODEL / "config.json").exists():
+        _build_bundled_model()
+    if speculative == "off":
+        spot_training = False  # nothing would use the drafter
+    job_id = f"{spec.name[:48]}-{datetime.now():%Y%m%d-%H%M%S}"
+    spec = spec.model_copy(update={"name": job_id})
+    run_dir = runs_dir / job_id
+    run_dir.mkdir(parents=True)
+    config = ClusterConfig(
+        servers=servers,
+        speculative=speculative,
+        spot_training=spot_training,
+        redis_url=redis_url,
+        redis_password=os.environ.get("TLT_REDIS_PASSWORD"),
+        trainer_threads=trainer_threads,
+    )
+    cluster = LocalCluster(spec, runs_dir, run_dir, config)
+    events: list[JobEvent] = []
+    started = time.monotonic()
+    try:
+        with console.status("starting") as status:
+            cluster.start(on_phase=status.update)
+        console.print(f"cluster up in {time.monotonic() - started:.0f} s (logs in {run_dir / 'logs'})")
+        urls = [s.url for s in cluster.rollout_servers]
+        assert cluster.trainer is not None
+        with JobClient(cluster.trainer.target) as client, TimelineRecorder(urls, run_dir / "sd_timeline.jsonl"):
+            client.submit(spec)
+            try:
+                events = _follow(client, job_id, run_dir)
+            except KeyboardInterrupt:
+                console.print("interrupted: cancelling the job")
+                client.cancel(job_id)
+                events = [e for e in _follow(client, job_id) if e.state]  # until it says CANCELLED
+    finally:
+        with console.status("stopping"):
+            cluster.stop()
+    report = write_report(run_dir, f"{job_id}: {spec.steps} GRPO steps, {servers} rollout server(s), SD {speculative}",
+                          _events_of(run_dir), read_timeline(run_dir / "sd_timeline.jsonl"))  # fmt: skip
+    final = next((e for e in reversed(events) if e.state), None)
+    state = final.state if final else "UNKNOWN"
+    console.print(f"{job_id}: {state} ({final.message if final else 'no events'}) in {time.monotonic() - started:.0f} s")
+    console.print(f"records in {run_dir}: metrics.jsonl, events.jsonl, checkpoints/, report {report}")
+    if state != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+def _events_of(run_dir: Path) -> list[JobEvent]:
+    path = run_dir / "events.jsonl"
+    return [JobEvent.model_validate_json(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+Trainer = Annotated[str, typer.Option(envvar="TLT_TRAINER", help="host:port of the trainer's job API")]
+Token = Annotated[str, typer.Option(envvar="TLT_TRAINER_AUTH_TOKEN", help="the trainer's bearer token")]
+
+
+def _job_client(trainer: str, token: str) -> JobClient:
+    return JobClient(trainer, token or None)
+
+
+def _rpc_failed(err) -> typer.Exit:
+    console.print(f"[red]refused or failed[/red] ({err.code().name}): {err.details()}")
+    return typer.Exit(1)
+
+
+@app.command("submit")
+def submit(
+    job_file: Annotated[Path, typer.Argument(help="job YAML (a JobSpec)")],
+    trainer: Trainer = "127.0.0.1:50051",
+    token: Token = "",
+    watch: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
+) -> None:
+    """Submit a job to a (remote) trainer; paths in the job are the trainer's."""
+    import grpc
+
+    spec = _load_job(job_file)
+    with _job_client(trainer, token) as client:
+        try:
+            job = client.submit(spec)
+            console.print(f"{job.job_id}: {job.state}")
+            if watch:
+                _follow(client, job.job_id)
+        except grpc.RpcError as err:
+            raise _rpc_failed(err) from None
+
+
+@app.command("watch")
+def watch(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "") -> None:
+    """Follow a job's progress until it ends."""
+    import grpc
+
+    with _job_client(trainer, token) as client:
+        try:
+            events = _follow(client, job_id)
+        except grpc.RpcError as err:
+            raise _rpc_failed(err) from None
+    final = next((e for e in reversed(events) if e.state), None)
+    if final is not None:
+        console.print(f"{job_id}: {final.state} ({final.message})")
+
+
+@app.command("cancel")
+def cancel(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "") -> None:
+    """Cancel a job (a running one stops at once; its rollouts are aborted on the servers)."""
+    import grpc
+
+    with _job_client(trainer, token) as client:
+        try:
+            job = client.cancel(job_id)
+        except grpc.RpcError as err:
+            raise _rpc_failed(err) from None
+    console.print(f"{job.job_id}: {job.state}")
+
+
+@app.command("list")
+def list_jobs(
+    trainer: Trainer = "127.0.0.1:50051",
+    token: Token = "",
+    state: Annotated[str, typer.Option(help="only jobs in this state (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)")] = "",
+    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+) -> None:
+    """The trainer's jobs, newest first."""
+    import grpc
+
+    with _job_client(trainer, token) as client:
+        try:
+            jobs = client.list(state.upper(), limit)
+        except grpc.RpcError as err:
+            raise _rpc_failed(err) from None
+    table = Table(title=f"jobs on {trainer}")
+    for column in ("job", "state", "steps", "reward (last step)", "submitted", "message"):
+        table.add_column(column)
+    for job in jobs:
+        reward = f"{job.last_step.reward_mean:.3f}" if job.HasField("last_step") else ""
+        submitted = datetime.fromtimestamp(job.created_at).strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(job.job_id, job.state, f"{job.steps_done}/{job.spec.steps}", reward, submitted, job.message)
+    console.print(table)
 
 
 @drafter_app.command("train")

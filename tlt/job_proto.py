@@ -50,14 +50,13 @@ def job_to_proto(record: JobRecord) -> pb.Job:
 
 
 def event_from_proto(message: pb.JobEvent) -> JobEvent:
-    event = JobEvent(event_id=message.event_id, job_id=message.job_id, time=message.time)
+    common = {"event_id": message.event_id, "job_id": message.job_id, "time": message.time}
     if message.WhichOneof("kind") == "step":
-        event.step = metrics_from_proto(message.step)
-    else:
-        change = message.state
-        event.state, event.message, event.steps_done = change.state, change.message, change.steps_done
-        event.eval_accuracy = change.eval_accuracy
-    return event
+        return JobEvent(**common, step=metrics_from_proto(message.step))
+    change = message.state
+    return JobEvent(
+        **common, state=change.state, message=change.message, steps_done=change.steps_done, eval_accuracy=change.eval_accuracy
+    )
 
 
 def event_to_proto(event: JobEvent) -> pb.JobEvent:

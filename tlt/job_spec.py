@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tlt.paths import BUNDLED_MODEL
+
+MAX_SAMPLES_PER_STEP = 65536
 
 
 class GrpoConfig(BaseModel):
@@ -54,7 +56,19 @@ class JobSpec(BaseModel):
     eval_every: int = Field(5, ge=0, le=100_000, description="held-out evaluation every this many steps and at the end; 0: never")
     eval_problems: int = Field(64, ge=1, le=100_000, description="held-out problems per evaluation (sampled at the job's temperature)")
 
+    @model_validator(mode="after")
+    def _bounded_batch(self) -> JobSpec:
+        if self.prompts_per_step * self.samples_per_prompt > MAX_SAMPLES_PER_STEP:
+            raise ValueError(f"prompts_per_step x samples_per_prompt must be at most {MAX_SAMPLES_PER_STEP}")
+        return self
+
     @classmethod
     def from_yaml(cls, path: Path) -> JobSpec:
-        """Load and validate a YAML job file (errors name the field)."""
-        return cls.model_validate(yaml.safe_load(path.read_text()))
+        """Load and validate a YAML job file (errors name the field); relative model and drafter
+        paths are relative to the file."""
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict):
+            for key in ("model_path", "drafter_path"):
+                if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+                    data[key] = str((path.parent / data[key]).resolve())
+        return cls.model_validate(data)

@@ -176,3 +176,15 @@ class GrpcServiceProcess(ServiceProcess):
             except grpc.RpcError:
                 return False
         return answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+class SpotWorkerProcess(ServiceProcess):
+    """`python -m rollout_server.spot_worker`; it serves nothing, so running is healthy."""
+
+    kind = "spot worker"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "rollout_server.spot_worker", *self.args]
+
+    def healthy(self) -> bool:
+        return self.alive()

@@ -1,0 +1,118 @@
+"""The whole system on one machine, every part its own process on loopback (single-machine mode of
+`tlt run` and the RL-step benchmark): an embedded Redis (or an external one), the drafter service,
+rollout servers with the TLT plugin, a spot worker beside each, and the trainer."""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from tlt.job_spec import JobSpec
+from tlt.redis_server import EmbeddedRedis
+from tlt.server_process import GrpcServiceProcess, RolloutServerProcess, ServiceProcess, SpotWorkerProcess
+from tlt.settings import RedisSettings, Speculation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ClusterConfig:
+    servers: int = 2
+    speculative: Speculation = "adaptive"
+    spot_training: bool = True  # spot workers train the job's drafter on idle servers
+    redis_url: str | None = None  # external Redis; none: an embedded one
+    redis_password: str | None = None
+    trainer_threads: int = 1
+
+
+class LocalCluster:
+    """Starts the processes for `spec` (logs under `run_dir/logs`), stops them in reverse order.
+    The trainer writes `runs_root/<job>/` (checkpoints, policy versions)."""
+
+    def __init__(self, spec: JobSpec, runs_root: Path, run_dir: Path, config: ClusterConfig | None = None) -> None:
+        self.spec, self.runs_root, self.logs = spec, runs_root, run_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.config = config or ClusterConfig()
+        if self.config.speculative != "off" and spec.drafter_path is None:
+            raise ValueError("speculation needs the job's drafter_path (the servers' first drafter)")
+        self.redis: EmbeddedRedis | None = None
+        self.rollout_servers: list[RolloutServerProcess] = []
+        self.processes: list[ServiceProcess] = []
+        self.drafter_service: GrpcServiceProcess | None = None
+        self.trainer: GrpcServiceProcess | None = None
+
+    def _redis_env(self) -> dict[str, str]:
+        if self.redis is not None:
+            return self.redis.client_env()
+        env = {"TLT_REDIS_URL": self.config.redis_url or ""}
+        if self.config.redis_password:
+            env["TLT_REDIS_PASSWORD"] = self.config.redis_password
+        return env
+
+    def start(self, on_phase=lambda phase: None) -> Self:
+        """Start everything; `on_phase(text)` hears what is starting. Stops what started on failure."""
+        try:
+            self._start(on_phase)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self, on_phase) -> None:
+        job, config = self.spec.name, self.config
+        if config.redis_url is None:
+            on_phase("starting Redis")
+            self.redis = EmbeddedRedis(log_path=self.logs / "redis.log").start()
+        else:
+            RedisSettings(url=config.redis_url, password=config.redis_password).client().ping()
+        env = self._redis_env()
+        on_phase(f"starting the drafter service and {config.servers} rollout server(s)")
+        self.drafter_service = GrpcServiceProcess("drafter_service", self.logs / "drafter_service.log", env=env)
+        server_args = ["--random-seed", str(self.spec.seed), "--speculative", config.speculative, "--enable-metrics"]
+        if config.speculative != "off":
+            server_args += ["--draft-model-path", str(self.spec.drafter_path), "--drafter-job", job]
+        if config.spot_training:
+            server_args += ["--samples-job", job]
+        self.rollout_servers = [
+            RolloutServerProcess(self.spec.model_path, self.logs / f"rollout-{n}.log", args=server_args, env=env)
+            for n in range(config.servers)
+        ]
+        starting = [self.drafter_service, *self.rollout_servers]
+        self.processes += starting
+        with ThreadPoolExecutor(len(starting)) as pool:  # SGLang starts slowly: start them side by side
+            for future in [pool.submit(p.start) for p in starting]:
+                future.result()
+        if config.spot_training:
+            on_phase("starting the spot workers")
+            for n, server in enumerate(self.rollout_servers):
+                worker_args = [
+                    "--server-url", server.url, "--drafter-service", self.drafter_service.target, "--job-id", job,
+                    "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path),
+                ]  # fmt: skip
+                self.processes.append(SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=env).start(60))
+        on_phase("starting the trainer")
+        trainer_args = ["--runs-dir", str(self.runs_root), "--threads", str(config.trainer_threads)]
+        trainer_args += ["--drafter-service", self.drafter_service.target]
+        for server in self.rollout_servers:
+            trainer_args += ["--rollout-servers", server.url]
+        self.trainer = GrpcServiceProcess("trainer", self.logs / "trainer.log", args=trainer_args, env=env)
+        self.processes.append(self.trainer.start(120))
+
+    def stop(self) -> None:
+        """Stop every process, the last started first, then Redis."""
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+        if self.redis is not None:
+            self.redis.stop()
+            self.redis = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
