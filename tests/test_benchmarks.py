@@ -38,3 +38,14 @@ def test_spot_training_quick_measures_both_configurations() -> None:
     assert sorted({row["spot_worker"] for row in data["rows"]}) == [False, True]
     assert len(data["rows"]) == 2 * data["rounds"]
     assert data["batch_s_with_worker"] > 0 and data["batch_s_without_worker"] > 0
+
+
+def test_rl_step_quick_runs_both_modes_to_the_end() -> None:
+    data = _run_quick("rl_step")
+    assert list(data["modes"]) == ["TLT (adaptive SD + spot-trained drafter)", "SD off"]
+    for mode in data["modes"].values():
+        assert mode["state"] == "SUCCEEDED" and [s["step"] for s in mode["steps"]] == [0, 1]
+    tlt, off = data["modes"].values()
+    assert all(s["spec_accept_length"] > 1.0 for s in tlt["steps"]) and all(s["spec_accept_length"] == 0 for s in off["steps"])
+    assert data["step_time_ratio_off_over_tlt"] > 0
+    assert (RESULTS / "rl_step_quick.png").stat().st_size > 0

@@ -14,13 +14,13 @@ TLT = [sys.executable, "-m", "tlt.cli"]
 
 def test_help_lists_the_commands() -> None:
     out = subprocess.run([*TLT, "--help"], capture_output=True, text=True, check=False, timeout=120).stdout
-    for command in ("run", "make-tiny-model", "model-stats"):
+    for command in ("run", "rollout", "submit", "watch", "cancel", "list", "make-tiny-model", "model-stats"):
         assert command in out
 
 
-def test_run_rejects_a_directory_that_is_no_checkpoint(tmp_path: Path) -> None:
+def test_rollout_rejects_a_directory_that_is_no_checkpoint(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*TLT, "run", "--model", str(tmp_path), "--runs-dir", str(tmp_path / "runs")],
+        [*TLT, "rollout", "--model", str(tmp_path), "--runs-dir", str(tmp_path / "runs")],
         capture_output=True, text=True, check=False, timeout=120,
     )
     assert result.returncode != 0
@@ -28,9 +28,9 @@ def test_run_rejects_a_directory_that_is_no_checkpoint(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_run_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
+def test_rollout_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*TLT, "run", "--prompts", "6", "--samples", "3", "--runs-dir", str(tmp_path)],
+        [*TLT, "rollout", "--prompts", "6", "--samples", "3", "--runs-dir", str(tmp_path)],
         capture_output=True, text=True, check=False, timeout=600,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -49,6 +49,41 @@ def test_run_rolls_out_a_batch_and_writes_its_records(tmp_path: Path) -> None:
     assert summary["speculative"] == "adaptive"
     assert all(r["spec_verify_ct"] >= 1 for r in rollouts)
     assert summary["spec_accept_length"] >= 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "field"), [("name: x\nsamples_per_prompt: 1\n", "samples_per_prompt"), ("name: x\nsteps: -1\n", "steps")]
+)
+def test_run_refuses_a_bad_job_file_naming_the_field(tmp_path: Path, text: str, field: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(text)
+    command = [*TLT, "run", str(job), "--runs-dir", str(tmp_path / "runs")]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 2 and field in result.stderr, result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> None:
+    """The README's main command, shortened to two steps on one server."""
+    result = subprocess.run(
+        [*TLT, "run", "--steps", "2", "--servers", "1", "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=900,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCEEDED" in result.stdout
+    (run_dir,) = list(tmp_path.iterdir())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 1] and all(m["samples"] == 256 for m in metrics)
+    assert metrics[-1]["eval_accuracy"] >= 0 and all(m["spec_accept_length"] > 1.0 for m in metrics)
+    assert all(m["drafter_version"] >= 1 for m in metrics)  # registered with the drafter service
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-1", "step-2"]
+    report = (run_dir / "report.md").read_text()
+    assert report.count("\n| 0 |") == 1 and report.count("\n| 1 |") == 1
+    for plot in ("step_time.png", "reward.png", "accept_length.png", "sd_timeline.png"):
+        assert (run_dir / plot).stat().st_size > 1000
+    for log in ("redis", "drafter_service", "rollout-0", "spot-0", "trainer"):
+        assert (run_dir / "logs" / f"{log}.log").exists()
 
 
 @pytest.mark.slow

@@ -3,6 +3,9 @@ server here: a started job waits for one, which is all these tests need)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +103,24 @@ def test_submit_list_watch_and_cancel(client: JobClient, tmp_path: Path) -> None
     # A watch continued after the last event it saw gets nothing more (the job has ended).
     assert list(client.watch("svc-first", events[-1].event_id)) == []
     assert client.cancel("svc-first").state == "CANCELLED"  # idempotent
+
+
+def _tlt(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "tlt.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_the_cli_submits_lists_watches_and_cancels(trainer, tmp_path: Path) -> None:
+    remote = ["--trainer", trainer.target, "--token", TOKEN]
+    job = tmp_path / "job.yaml"
+    job.write_text("name: cli-job\nsteps: 3\nprompts_per_step: 2\nsamples_per_prompt: 2\n")
+    submitted = _tlt("submit", str(job), *remote)
+    assert submitted.returncode == 0 and "cli-job: QUEUED" in submitted.stdout, submitted.stdout + submitted.stderr
+    listed = _tlt("list", *remote)
+    assert listed.returncode == 0 and "cli-job" in listed.stdout and "0/3" in listed.stdout, listed.stdout
+    assert _tlt("cancel", "cli-job", *remote).returncode == 0
+    watched = _tlt("watch", "cli-job", *remote)
+    assert watched.returncode == 0 and "cli-job: CANCELLED (cancelled" in watched.stdout, watched.stdout
+    unknown = _tlt("cancel", "no-such-job", *remote)
+    assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stdout
+    assert _tlt("list", "--trainer", trainer.target, "--token", "wrong").returncode == 1

@@ -217,25 +217,29 @@ def _step_info(metrics: StepMetrics) -> str:
     return info
 
 
-def _follow(client: JobClient, job_id: str, run_dir: Path | None = None) -> list[JobEvent]:
-    """Show a job's events as a progress bar until it ends (appending them to `run_dir`'s
-    events.jsonl and metrics.jsonl when given); returns them."""
+class _JobProgress:
+    """A progress bar over a job's steps, fed its events."""
+
+    def __init__(self, progress: Progress, job_id: str, steps: int) -> None:
+        self.progress = progress
+        self.task = progress.add_task(job_id, total=steps, info="")
+
+    def __call__(self, event: JobEvent) -> None:
+        if event.step is not None:
+            self.progress.update(self.task, completed=event.step.step + 1, info=_step_info(event.step))
+        else:
+            self.progress.update(self.task, completed=event.steps_done, info=f"{event.state.lower()}: {event.message}")
+
+
+def _follow(client: JobClient, job_id: str) -> list[JobEvent]:
+    """Show a job's events as a progress bar until it ends; returns them."""
     job = client.get(job_id)
     events: list[JobEvent] = []
     with _progress() as progress:
-        task = progress.add_task(job_id, total=job.spec.steps, completed=0, info=job.state.lower())
+        show = _JobProgress(progress, job_id, job.spec.steps)
         for event in client.watch(job_id):
             events.append(event)
-            if run_dir is not None:
-                with (run_dir / "events.jsonl").open("a") as out:
-                    out.write(event.model_dump_json() + "\n")
-            if event.step is not None:
-                if run_dir is not None:
-                    with (run_dir / "metrics.jsonl").open("a") as out:
-                        out.write(event.step.model_dump_json() + "\n")
-                progress.update(task, completed=event.step.step + 1, info=_step_info(event.step))
-            else:
-                progress.update(task, completed=event.steps_done, info=f"{event.state.lower()}: {event.message}")
+            show(event)
     return events
 
 
@@ -255,60 +259,33 @@ def run(
     Ctrl-C cancels the job and stops everything."""
     import os
 
-    from tlt.local_cluster import ClusterConfig, LocalCluster
-    from tlt.report import write_report
-    from tlt.sd_timeline import TimelineRecorder, read_timeline
+    from tlt.local_cluster import ClusterConfig
+    from tlt.local_run import run_job_locally
 
     spec = _load_job(job_file, steps=steps)
     if spec.model_path == BUNDLED_MODEL.resolve() and not (BUNDLED_MODEL / "config.json").exists():
         _build_bundled_model()
-    if speculative == "off":
-        spot_training = False  # nothing would use the drafter
     job_id = f"{spec.name[:48]}-{datetime.now():%Y%m%d-%H%M%S}"
     spec = spec.model_copy(update={"name": job_id})
-    run_dir = runs_dir / job_id
-    run_dir.mkdir(parents=True)
     config = ClusterConfig(
         servers=servers,
         speculative=speculative,
-        spot_training=spot_training,
+        spot_training=spot_training and speculative != "off",  # with SD off nothing uses the drafter
         redis_url=redis_url,
         redis_password=os.environ.get("TLT_REDIS_PASSWORD"),
         trainer_threads=trainer_threads,
     )
-    cluster = LocalCluster(spec, runs_dir, run_dir, config)
-    events: list[JobEvent] = []
-    started = time.monotonic()
-    try:
-        with console.status("starting") as status:
-            cluster.start(on_phase=status.update)
-        console.print(f"cluster up in {time.monotonic() - started:.0f} s (logs in {run_dir / 'logs'})")
-        urls = [s.url for s in cluster.rollout_servers]
-        assert cluster.trainer is not None
-        with JobClient(cluster.trainer.target) as client, TimelineRecorder(urls, run_dir / "sd_timeline.jsonl"):
-            client.submit(spec)
-            try:
-                events = _follow(client, job_id, run_dir)
-            except KeyboardInterrupt:
-                console.print("interrupted: cancelling the job")
-                client.cancel(job_id)
-                events = [e for e in _follow(client, job_id) if e.state]  # until it says CANCELLED
-    finally:
-        with console.status("stopping"):
-            cluster.stop()
-    report = write_report(run_dir, f"{job_id}: {spec.steps} GRPO steps, {servers} rollout server(s), SD {speculative}",
-                          _events_of(run_dir), read_timeline(run_dir / "sd_timeline.jsonl"))  # fmt: skip
-    final = next((e for e in reversed(events) if e.state), None)
-    state = final.state if final else "UNKNOWN"
-    console.print(f"{job_id}: {state} ({final.message if final else 'no events'}) in {time.monotonic() - started:.0f} s")
-    console.print(f"records in {run_dir}: metrics.jsonl, events.jsonl, checkpoints/, report {report}")
-    if state != "SUCCEEDED":
-        raise typer.Exit(1)
-
-
-def _events_of(run_dir: Path) -> list[JobEvent]:
-    path = run_dir / "events.jsonl"
-    return [JobEvent.model_validate_json(line) for line in path.read_text().splitlines()] if path.exists() else []
+    with _progress() as progress:
+        phase = progress.add_task("local cluster", total=None, info="")
+        show = _JobProgress(progress, job_id, spec.steps)
+        result = run_job_locally(spec, runs_dir, config, lambda text: progress.update(phase, info=text), show)
+    console.print(
+        f"{job_id}: {result.state or 'no state'} ({result.message}); processes up in {result.startup_s:.0f} s, "
+        f"job {result.job_s:.0f} s"
+    )
+    console.print(f"records in {result.run_dir}: report.md, metrics.jsonl, events.jsonl, checkpoints/, logs/")
+    if result.state != "SUCCEEDED":
+        raise typer.Exit(130 if result.interrupted else 1)
 
 
 Trainer = Annotated[str, typer.Option(envvar="TLT_TRAINER", help="host:port of the trainer's job API")]
