@@ -27,7 +27,7 @@ def test_the_report_states_the_figures_and_draws_the_plots(tmp_path: Path) -> No
     ]
     timeline = [TimelinePoint(time=t, server=s, running=8 - t, sd_on=t > 4, drafter_version=1 + t // 4) for t in range(8) for s in (0, 1)]
     report = write_report(tmp_path, "test job", events, timeline).read_text()
-    assert "2 steps, 20 s in all (10.0 s per step); rollout 60% of it" in report
+    assert "steps: 2, 20 s in all (10.0 s per step); rollout 60% of it" in report
     assert "of samples 33% of the rollout time" in report
     assert "0.500 (step 0) -> 0.750 (step 1)" in report
     assert "0.250 before training -> 0.500 after step 1" in report
