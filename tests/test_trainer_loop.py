@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import requests
 import torch
 from transformers import AutoTokenizer
 
@@ -21,6 +22,7 @@ from tlt.server_process import RolloutServerProcess
 from tlt.tasks import GcdTask
 from trainer.loop import GrpoTrainer
 from trainer.policy_publisher import DiskPolicyPublisher
+from trainer.version_barrier import VersionBarrier, served_version
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +40,8 @@ def servers(tmp_path_factory) -> Iterator[list[RolloutServerProcess]]:
 def _trainer(servers, tmp_path: Path, **spec) -> GrpoTrainer:
     urls = [s.url for s in servers]
     job = JobSpec(name="loop-test", **spec)
-    trainer = GrpoTrainer(job, RolloutPool(lambda: urls), DiskPolicyPublisher(tmp_path / "policy"), lambda: urls)
+    barrier = VersionBarrier(DiskPolicyPublisher(tmp_path / "policy"))
+    trainer = GrpoTrainer(job, RolloutPool(lambda: urls, admit=barrier.admit), barrier, lambda: urls)
     trainer.publish()  # version 0: the servers may still hold another test's policy
     return trainer
 
@@ -62,6 +65,24 @@ def test_published_versions_are_what_the_servers_serve(servers, tmp_path: Path) 
         assert outputs == expected, f"{server.url} does not serve the trainer's weights"
 
 
+
+
+def test_a_server_that_joins_mid_job_serves_the_current_version_first(servers, tmp_path: Path) -> None:
+    a, b = servers
+    urls = [a.url]
+    barrier = VersionBarrier(DiskPolicyPublisher(tmp_path / "policy"))
+    job = JobSpec(name="join-test", prompts_per_step=8, samples_per_prompt=4, max_new_tokens=200, lr=1e-3)
+    trainer = GrpoTrainer(job, RolloutPool(lambda: urls, admit=barrier.admit), barrier, lambda: urls)
+    body = {"model_path": str(BUNDLED_MODEL), "weight_version": "another-job"}
+    requests.post(f"{b.url}/update_weights_from_disk", json=body, timeout=60).raise_for_status()
+    trainer.publish()
+    trainer.step(0)  # publishes v1 to A only: B is not known yet
+    assert served_version(b.url) == "another-job"
+    urls.append(b.url)  # B joins (scaled up)
+    joined = trainer.step(1)
+    print(f"step 1 samples by server: {joined.samples_by_server}")
+    assert joined.samples_by_server.get(b.url, 0) > 0 and joined.stale_samples == 0 and joined.policy_version == 1
+    assert served_version(b.url) == served_version(a.url) == "2"
 
 
 def test_ten_steps_raise_the_held_out_sampled_accuracy(servers, tmp_path: Path) -> None:

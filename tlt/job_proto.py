@@ -30,7 +30,8 @@ def metrics_to_proto(metrics: StepMetrics) -> pb.StepMetrics:
 
 
 def metrics_from_proto(message: pb.StepMetrics) -> StepMetrics:
-    return StepMetrics(**{f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields})
+    fields = {f.name: getattr(message, f.name) for f in message.DESCRIPTOR.fields}
+    return StepMetrics(**{**fields, "samples_by_server": dict(message.samples_by_server)})
 
 
 def job_to_proto(record: JobRecord) -> pb.Job:

@@ -48,6 +48,7 @@ class StepMetrics(BaseModel):
     drafter_version: int = 0  # the job's newest drafter version after the step; 0: no drafter service
     eval_accuracy: float = -1.0  # held-out accuracy after the step; -1: not evaluated
     step_s: float = 0.0
+    samples_by_server: dict[str, int] = Field(default_factory=dict)  # rollout server URL -> samples
 
 
 class JobRecord(BaseModel):

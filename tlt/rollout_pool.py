@@ -56,8 +56,10 @@ class RolloutPool:
         max_concurrency: int = 256,
         return_logprob: bool = True,
         rid_prefix: str = "",
+        admit: Callable[[str], bool] = lambda url: True,
     ) -> None:
         self.discover, self.request_timeout_s, self.rid_prefix = discover, request_timeout_s, rid_prefix
+        self.admit = admit  # e.g. the trainer's version barrier: a server must serve the current policy
         self.no_server_timeout_s, self.max_concurrency, self.return_logprob = no_server_timeout_s, max_concurrency, return_logprob
         self._lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
@@ -66,15 +68,30 @@ class RolloutPool:
         self._cancelled = threading.Event()
         self._session = requests.Session()
 
+    def _live(self, servers: Sequence[str]) -> list[str]:
+        """Discovered servers that did not fail in the last 5 s and are admitted (a refusal counts as
+        a failure, so an unready server is not asked again at every pick)."""
+        with self._lock:
+            now = time.monotonic()
+            candidates = [s for s in servers if now - self._failed.get(s, -1e9) > 5.0]
+        live = []
+        for url in candidates:
+            if self.admit(url):
+                live.append(url)
+            else:
+                with self._lock:
+                    self._failed[url] = time.monotonic()
+        return live
+
     def _pick(self) -> str:
         deadline = time.monotonic() + self.no_server_timeout_s
         while True:
             if self._cancelled.is_set():
                 raise Cancelled("rollouts cancelled")
             servers = list(self.discover())
+            live = self._live(servers)
             with self._lock:
-                now = time.monotonic()
-                live = [s for s in servers if now - self._failed.get(s, -1e9) > 5.0]
+                live = [s for s in live if time.monotonic() - self._failed.get(s, -1e9) > 5.0]
                 if live:
                     url = min(live, key=lambda s: self._in_flight.get(s, 0))
                     self._in_flight[url] = self._in_flight.get(url, 0) + 1

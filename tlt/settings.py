@@ -319,6 +319,14 @@ class TrainerSettings(BaseSettings):
     rollout_servers: list[str] = Field(
         default_factory=list, description="base URLs of the rollout servers (static discovery), e.g. http://10.0.0.5:30000"
     )
+    rollout_service: str | None = Field(
+        None,
+        pattern=r"^([a-z0-9-]{1,63}/)?[a-z0-9-]{1,63}$",
+        description="[namespace/]name of the Kubernetes Service of the rollout pods: its EndpointSlices are watched "
+        "(instead of --rollout-servers); namespace default: the pod's own",
+    )
+    rollout_port_name: str = Field("http", description="the rollout servers' port name in the EndpointSlices")
+    rollout_port: int = Field(30000, ge=1, le=65535, description="their port when the slices name none")
     runs_dir: Path = Field(Path("runs"), description="jobs write <runs-dir>/<job>/checkpoints and policy versions here")
     policy_dir: Path | None = Field(
         None, description="where published policy versions go (must be readable by the rollout servers); "
@@ -341,3 +349,9 @@ class TrainerSettings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"rollout server {url!r} must be an http:// or https:// URL")
         return [u.rstrip("/") for u in urls]
+
+    @model_validator(mode="after")
+    def _one_discovery(self) -> TrainerSettings:
+        if self.rollout_servers and self.rollout_service:
+            raise ValueError("give --rollout-servers or --rollout-service, not both")
+        return self

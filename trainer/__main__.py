@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable, Sequence
 
 import torch
 from pydantic import ValidationError
@@ -15,6 +16,17 @@ from tlt.settings import RedisSettings, TrainerSettings
 from trainer.grpc_server import build_server
 from trainer.job_store import JobStore
 from trainer.runner import JobRunner
+
+
+def discovery(settings: TrainerSettings) -> Callable[[], Sequence[str]]:
+    """The rollout servers: the EndpointSlices of --rollout-service (watched), else the static list."""
+    if settings.rollout_service:
+        from tlt.k8s_discovery import EndpointSliceDiscovery
+
+        namespace, _, name = settings.rollout_service.rpartition("/")
+        return EndpointSliceDiscovery(name, namespace or None, settings.rollout_port_name, settings.rollout_port).start()
+    servers = list(settings.rollout_servers)
+    return lambda: servers
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
     client = redis_settings.client()
     client.ping()  # fail at start, not at the first call, when Redis is unreachable or refuses us
     store = JobStore(client, max_jobs=settings.max_jobs)
-    servers = list(settings.rollout_servers)
-    runner = JobRunner(store, settings, lambda: servers)
+    discover = discovery(settings)
+    runner = JobRunner(store, settings, discover)
     server = build_server(settings, store, runner)
     server.start()
     runner.start()
-    logging.getLogger("trainer").info("serving the job API on %s:%d; rollout servers %s", settings.host, settings.port, servers)
+    logging.getLogger("trainer").info("serving the job API on %s:%d; rollout servers now: %s", settings.host, settings.port, discover())
 
     def shutdown(*_) -> None:
         runner.stop()

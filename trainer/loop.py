@@ -5,6 +5,7 @@ version to the rollout servers. One `step()` is one RL step; its metrics say whe
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from trainer.grpo import (
     shaped_rewards,
     token_logprobs,
 )
-from trainer.policy_publisher import DiskPolicyPublisher
+from trainer.version_barrier import VersionBarrier
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -50,12 +53,12 @@ class GrpoTrainer:
         self,
         spec: JobSpec,
         pool: RolloutPool,
-        publisher: DiskPolicyPublisher,
+        barrier: VersionBarrier,
         servers: Callable[[], Sequence[str]],
         resume_from: Path | None = None,
     ) -> None:
         """A fresh policy from `spec.model_path`, or the policy, optimizer and RNG of a checkpoint."""
-        self.spec, self.pool, self.publisher, self.servers = spec, pool, publisher, servers
+        self.spec, self.pool, self.barrier, self.servers = spec, pool, barrier, servers
         torch.manual_seed(spec.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
         self.policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32)
@@ -76,11 +79,14 @@ class GrpoTrainer:
         return save_checkpoint(root, state, self.policy, self.tokenizer, self.optimizer)
 
     def publish(self) -> float:
-        """Load the current weights, as `self.version`, into every server; returns the seconds it took.
-        Call it once before the first step (servers may hold anything: another job's policy)."""
+        """Make the current weights policy version `self.version` on every server (servers that
+        cannot load it now are admitted once they do); returns the seconds it took. Call it once
+        before the first step (servers may hold anything: another job's policy)."""
         started = time.monotonic()
-        path = self.publisher.write(self.policy, self.tokenizer, self.version)
-        self.publisher.load_into(self.servers(), path, self.version)
+        path = self.barrier.publisher.write(self.policy, self.tokenizer, self.version)
+        failed = self.barrier.publish(self.servers(), path, self.version)
+        if failed:
+            logger.warning("policy v%d not loaded by %s yet: they get no work until they load it", self.version, failed)
         return time.monotonic() - started
 
     def evaluate(self, problems: int = 128, temperature: float = 0.0, samples: int = 1) -> float:
@@ -147,6 +153,7 @@ class GrpoTrainer:
             speculated_fraction=speculated / tokens if tokens else 0.0,
             resent=stats.resent,
             stale_samples=stale,
+            samples_by_server=dict(stats.by_server),
         )
 
     def _score(self, problems, batch, completions) -> tuple[list[_Sample], list[float], int]:

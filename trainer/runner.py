@@ -23,6 +23,7 @@ from trainer.drafter_link import DrafterLink
 from trainer.job_store import JobStore
 from trainer.loop import GrpoTrainer
 from trainer.policy_publisher import DiskPolicyPublisher
+from trainer.version_barrier import VersionBarrier
 
 logger = logging.getLogger(__name__)
 LOCK_KEY = "tlt:trainer:lock"
@@ -116,13 +117,15 @@ class JobRunner:
         checkpoint = latest_checkpoint(root / "checkpoints")
         if record.state == JobState.RUNNING:  # interrupted: this is a resumption
             record.resumed += 1
+        publisher = DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy")
+        barrier = VersionBarrier(publisher)
         # Request ids differ per attempt: a killed trainer's requests may still be on the servers.
-        pool = RolloutPool(self.discover, rid_prefix=f"{job}:{record.resumed}:")
+        pool = RolloutPool(self.discover, rid_prefix=f"{job}:{record.resumed}:", admit=barrier.admit)
         with self._lock:
             self._current = (job, pool)
         try:
             self.store.transition(record, JobState.RUNNING, f"resuming from {checkpoint.name}" if checkpoint else "started")
-            self._train(record, pool, root, checkpoint)
+            self._train(record, GrpoTrainer(spec, pool, barrier, self.discover, resume_from=checkpoint), root, checkpoint)
             self.store.transition(record, JobState.SUCCEEDED, f"{spec.steps} steps done")
         except Cancelled:
             if self._yielding():
@@ -136,10 +139,8 @@ class JobRunner:
             with self._lock:
                 self._current = None
 
-    def _train(self, record: JobRecord, pool: RolloutPool, root: Path, checkpoint: Path | None) -> None:
+    def _train(self, record: JobRecord, trainer: GrpoTrainer, root: Path, checkpoint: Path | None) -> None:
         job, spec = record.job_id, record.spec
-        publisher = DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy")
-        trainer = GrpoTrainer(spec, pool, publisher, self.discover, resume_from=checkpoint)
         next_step = read_state(checkpoint).next_step if checkpoint else 0
         if self.drafter is not None:
             self.drafter.register(spec)

@@ -61,7 +61,14 @@ class JobSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., model_path: _Optional[str] = ..., task: _Optional[str] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., lr: _Optional[float] = ..., updates_per_step: _Optional[int] = ..., tokens_per_micro_batch: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., seed: _Optional[int] = ..., drafter_path: _Optional[str] = ..., eval_every: _Optional[int] = ..., eval_problems: _Optional[int] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
-    __slots__ = ("step", "policy_version", "reward_mean", "samples", "groups_used", "response_tokens", "rollout_s", "tail_s", "train_s", "publish_s", "loss", "clip_fraction", "spec_accept_length", "speculated_fraction", "resent", "stale_samples", "drafter_version", "eval_accuracy", "step_s")
+    __slots__ = ("step", "policy_version", "reward_mean", "samples", "groups_used", "response_tokens", "rollout_s", "tail_s", "train_s", "publish_s", "loss", "clip_fraction", "spec_accept_length", "speculated_fraction", "resent", "stale_samples", "drafter_version", "eval_accuracy", "step_s", "samples_by_server")
+    class SamplesByServerEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     STEP_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +88,7 @@ class StepMetrics(_message.Message):
     DRAFTER_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVAL_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     STEP_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_BY_SERVER_FIELD_NUMBER: _ClassVar[int]
     step: int
     policy_version: int
     reward_mean: float
@@ -100,7 +108,8 @@ class StepMetrics(_message.Message):
     drafter_version: int
     eval_accuracy: float
     step_s: float
-    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., samples: _Optional[int] = ..., groups_used: _Optional[int] = ..., response_tokens: _Optional[int] = ..., rollout_s: _Optional[float] = ..., tail_s: _Optional[float] = ..., train_s: _Optional[float] = ..., publish_s: _Optional[float] = ..., loss: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., spec_accept_length: _Optional[float] = ..., speculated_fraction: _Optional[float] = ..., resent: _Optional[int] = ..., stale_samples: _Optional[int] = ..., drafter_version: _Optional[int] = ..., eval_accuracy: _Optional[float] = ..., step_s: _Optional[float] = ...) -> None: ...
+    samples_by_server: _containers.ScalarMap[str, int]
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., samples: _Optional[int] = ..., groups_used: _Optional[int] = ..., response_tokens: _Optional[int] = ..., rollout_s: _Optional[float] = ..., tail_s: _Optional[float] = ..., train_s: _Optional[float] = ..., publish_s: _Optional[float] = ..., loss: _Optional[float] = ..., clip_fraction: _Optional[float] = ..., spec_accept_length: _Optional[float] = ..., speculated_fraction: _Optional[float] = ..., resent: _Optional[int] = ..., stale_samples: _Optional[int] = ..., drafter_version: _Optional[int] = ..., eval_accuracy: _Optional[float] = ..., step_s: _Optional[float] = ..., samples_by_server: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("job_id", "spec", "state", "steps_done", "message", "created_at", "started_at", "finished_at", "last_step", "checkpoint", "resumed")
