@@ -50,6 +50,7 @@ def _refused(fn, *args) -> grpc.RpcError:
         (pb.JobSpec(name="g3", temperature=0.0), "temperature"),
         (pb.JobSpec(name="g4", model_path="/nonexistent/model"), "model_path"),
         (pb.JobSpec(name="g5", drafter_path="/nonexistent/drafter"), "drafter_path"),
+        (pb.JobSpec(name="g6", task="jsonl", dataset_path="/nonexistent/math.jsonl"), "dataset_path"),
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(client: JobClient, spec: pb.JobSpec, field: str) -> None:

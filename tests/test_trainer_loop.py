@@ -5,6 +5,8 @@ what the servers then serve (greedy outputs equal HF's on the trainer's own weig
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import requests
 import torch
 from transformers import AutoTokenizer
 
+from rollout_server.spot_worker import server_busy
 from tlt.job_spec import JobSpec
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
@@ -92,3 +95,25 @@ def test_ten_steps_raise_the_held_out_sampled_accuracy(servers, tmp_path: Path) 
     after = trainer.evaluate(256, temperature=1.0, samples=2)
     print(f"held-out accuracy at T=1: {before:.3f} -> {after:.3f}; training reward per step: " + ", ".join(f"{r:.2f}" for r in rewards))
     assert after > before + 0.05  # 512 samples each: the standard error of either figure is about 0.022
+
+
+def test_a_server_killed_mid_step_leaves_the_step_complete(servers, tmp_path: Path) -> None:
+    """Runs last in this module: it kills server B (and starts it again for the fixture's sake)."""
+    b = servers[1]
+    trainer = _trainer(servers, tmp_path, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=400, lr=1e-4)
+
+    def kill_b_once_busy() -> None:
+        deadline = time.monotonic() + 120
+        while not server_busy(b.url) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)  # B has requests in flight
+        b.kill()
+
+    killer = threading.Thread(target=kill_b_once_busy)
+    killer.start()
+    metrics = trainer.step(0)
+    killer.join()
+    b.start()
+    print(f"B killed mid-step: {metrics.resent} samples re-sent; samples by server {metrics.samples_by_server}")
+    assert metrics.samples == 64 and sum(metrics.samples_by_server.values()) == 64  # every sample once
+    assert metrics.resent > 0 and metrics.stale_samples == 0

@@ -39,7 +39,10 @@ class JobSpec(BaseModel):
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="job id: names its Redis keys and runs/<name>/")
     model_path: Path = Field(BUNDLED_MODEL, description="HF checkpoint of the initial policy")
-    task: Literal["gcd"] = "gcd"
+    task: Literal["gcd", "jsonl"] = Field(
+        "gcd", description="gcd: the tiny model's task; jsonl: math problems of dataset_path, final answers checked"
+    )
+    dataset_path: Path | None = Field(None, description="JSONL of {prompt, answer} rows (task jsonl)")
     steps: int = Field(20, ge=1, le=100_000)
     prompts_per_step: int = Field(32, ge=1, le=4096)
     samples_per_prompt: int = Field(8, ge=2, le=64, description="G: the group size")
@@ -57,6 +60,12 @@ class JobSpec(BaseModel):
     eval_problems: int = Field(64, ge=1, le=100_000, description="held-out problems per evaluation (sampled at the job's temperature)")
 
     @model_validator(mode="after")
+    def _dataset_for_jsonl(self) -> JobSpec:
+        if (self.task == "jsonl") != (self.dataset_path is not None):
+            raise ValueError("dataset_path is needed by task jsonl, and only by it")
+        return self
+
+    @model_validator(mode="after")
     def _bounded_batch(self) -> JobSpec:
         if self.prompts_per_step * self.samples_per_prompt > MAX_SAMPLES_PER_STEP:
             raise ValueError(f"prompts_per_step x samples_per_prompt must be at most {MAX_SAMPLES_PER_STEP}")
@@ -68,7 +77,7 @@ class JobSpec(BaseModel):
         paths are relative to the file."""
         data = yaml.safe_load(path.read_text())
         if isinstance(data, dict):
-            for key in ("model_path", "drafter_path"):
+            for key in ("model_path", "drafter_path", "dataset_path"):
                 if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
                     data[key] = str((path.parent / data[key]).resolve())
         return cls.model_validate(data)

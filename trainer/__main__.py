@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 from pydantic import ValidationError
 from pydantic_settings import CliApp
+from transformers.utils import logging as hf_logging
 
 from tlt.settings import RedisSettings, TrainerSettings
 from trainer.grpc_server import build_server
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as err:
         sys.exit(f"trainer: invalid settings:\n{err}")
     torch.set_num_threads(settings.threads)
+    hf_logging.disable_progress_bar()  # a bar per saved checkpoint would flood the log
     client = redis_settings.client()
     client.ping()  # fail at start, not at the first call, when Redis is unreachable or refuses us
     store = JobStore(client, max_jobs=settings.max_jobs)

@@ -9,6 +9,7 @@ from tlt.job_proto import event_to_proto, fields_of, job_to_proto
 from tlt.job_spec import JobSpec
 from tlt.jobs import JobRef, JobState, ListJobsRequest, WatchRequest
 from tlt.settings import TrainerSettings
+from tlt.tasks import task_of
 from tlt.v1 import jobs_pb2, jobs_pb2_grpc
 from trainer.job_store import JobStore
 from trainer.runner import JobRunner
@@ -23,6 +24,11 @@ def _checkpoint_problems(spec: JobSpec) -> str:
         problems.append(f"model_path: no HF checkpoint (config.json) at {spec.model_path}")
     if spec.drafter_path is not None and not (spec.drafter_path / "config.json").is_file():
         problems.append(f"drafter_path: no drafter checkpoint (config.json) at {spec.drafter_path}")
+    if spec.dataset_path is not None:
+        try:
+            task_of(spec.task, spec.dataset_path)
+        except (OSError, ValueError) as err:
+            problems.append(f"dataset_path: {err}")
     return "; ".join(problems)
 
 

@@ -18,7 +18,7 @@ from tlt.job_spec import JobSpec
 from tlt.jobs import StepMetrics
 from tlt.rollout_client import Completion, SamplingParams
 from tlt.rollout_pool import RolloutPool, RolloutRequest
-from tlt.tasks import GcdProblem, GcdTask
+from tlt.tasks import GcdProblem, MathProblem, task_of
 from trainer.checkpoints import CheckpointState, read_state, restore_training_state, save_checkpoint
 from trainer.grpo import (
     ScoredGroup,
@@ -68,7 +68,7 @@ class GrpoTrainer:
             self.reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).eval()
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
         self.version = 0
-        self.task = GcdTask()
+        self.task = task_of(spec.task, spec.dataset_path)
         if resume_from is not None:
             self.version = read_state(resume_from).policy_version
             restore_training_state(resume_from, self.optimizer)
@@ -103,7 +103,7 @@ class GrpoTrainer:
         texts = [self.tokenizer.decode(completions[r.key].output_ids, skip_special_tokens=True) for r in batch]
         return sum(held_out[r.group].reward(t) for r, t in zip(batch, texts, strict=True)) / len(batch)
 
-    def problems(self, step: int) -> list[GcdProblem]:
+    def problems(self, step: int) -> list[GcdProblem] | list[MathProblem]:
         return self.task.sample(self.spec.prompts_per_step, seed=self.spec.seed * 1_000_003 + step, split="train")
 
     def step(self, step: int) -> StepMetrics:

@@ -25,7 +25,7 @@ class GrpoConfig(_message.Message):
     def __init__(self, clip_low: _Optional[float] = ..., clip_high: _Optional[float] = ..., kl_coef: _Optional[float] = ..., normalize_std: _Optional[bool] = ..., filter_zero_variance: _Optional[bool] = ..., overlong: _Optional[str] = ..., overlong_buffer: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "model_path", "task", "steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "lr", "updates_per_step", "tokens_per_micro_batch", "grpo", "seed", "drafter_path", "eval_every", "eval_problems")
+    __slots__ = ("name", "model_path", "task", "steps", "prompts_per_step", "samples_per_prompt", "max_new_tokens", "temperature", "lr", "updates_per_step", "tokens_per_micro_batch", "grpo", "seed", "drafter_path", "eval_every", "eval_problems", "dataset_path")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class JobSpec(_message.Message):
     DRAFTER_PATH_FIELD_NUMBER: _ClassVar[int]
     EVAL_EVERY_FIELD_NUMBER: _ClassVar[int]
     EVAL_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    DATASET_PATH_FIELD_NUMBER: _ClassVar[int]
     name: str
     model_path: str
     task: str
@@ -58,7 +59,8 @@ class JobSpec(_message.Message):
     drafter_path: str
     eval_every: int
     eval_problems: int
-    def __init__(self, name: _Optional[str] = ..., model_path: _Optional[str] = ..., task: _Optional[str] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., lr: _Optional[float] = ..., updates_per_step: _Optional[int] = ..., tokens_per_micro_batch: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., seed: _Optional[int] = ..., drafter_path: _Optional[str] = ..., eval_every: _Optional[int] = ..., eval_problems: _Optional[int] = ...) -> None: ...
+    dataset_path: str
+    def __init__(self, name: _Optional[str] = ..., model_path: _Optional[str] = ..., task: _Optional[str] = ..., steps: _Optional[int] = ..., prompts_per_step: _Optional[int] = ..., samples_per_prompt: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., lr: _Optional[float] = ..., updates_per_step: _Optional[int] = ..., tokens_per_micro_batch: _Optional[int] = ..., grpo: _Optional[_Union[GrpoConfig, _Mapping]] = ..., seed: _Optional[int] = ..., drafter_path: _Optional[str] = ..., eval_every: _Optional[int] = ..., eval_problems: _Optional[int] = ..., dataset_path: _Optional[str] = ...) -> None: ...
 
 class StepMetrics(_message.Message):
     __slots__ = ("step", "policy_version", "reward_mean", "samples", "groups_used", "response_tokens", "rollout_s", "tail_s", "train_s", "publish_s", "loss", "clip_fraction", "spec_accept_length", "speculated_fraction", "resent", "stale_samples", "drafter_version", "eval_accuracy", "step_s", "samples_by_server")
