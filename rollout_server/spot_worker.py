@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import requests
@@ -88,6 +89,11 @@ class SliceResult:
     ended_at: float = 0.0  # ... and when the slice let go of it
 
 
+def served_model_path(server_url: str) -> str:
+    """The checkpoint the SGLang server serves now (moved by `/update_weights_from_disk`)."""
+    return requests.get(f"{server_url}/model_info", timeout=5).json().get("model_path", "")
+
+
 def server_busy(server_url: str) -> bool:
     """Whether the SGLang server has running or waiting requests (`/v1/loads`)."""
     answer = requests.get(f"{server_url}/v1/loads", params={"include": "core"}, timeout=5).json()
@@ -107,19 +113,37 @@ class SpotWorker:
         metadata: tuple[tuple[str, str], ...] = (),
         features: Callable[[list[list[int]]], list[torch.Tensor]] | None = None,
         hand_off: Callable[[], AbstractContextManager] = nullcontext,
+        policy_source: Callable[[], str] | None = None,
     ) -> None:
         """`features`: the policy's features of token sequences (e.g. `ServerFeatures.many`; default:
         the local policy copy);
-        `hand_off`: a context the slice trains in (e.g. `MemoryHandOff`)."""
+        `hand_off`: a context the slice trains in (e.g. `MemoryHandOff`);
+        `policy_source`: where the policy now being served lives (e.g. `served_model_path`): the
+        drafter's embedding and head follow it when the trainer publishes a new version."""
         self.config, self.channel, self.samples, self.stub = config, channel, samples, stub
         self.busy, self.metadata, self.hand_off = busy, metadata, hand_off
-        self.policy = AutoModelForCausalLM.from_pretrained(config.policy_path, dtype=torch.float32).eval()
-        self.parts = PolicyParts(self.policy)
+        self.policy_source = policy_source
+        self.policy_path = ""
+        self._load_policy(config.policy_path)
         self.features = features or (lambda sequences: [policy_features(self.policy, ids) for ids in sequences])
         self._stop = threading.Event()
         self._busy_since: float | None = None
         self._lease: pb.LeaseRef | None = None
         self._renewed = 0.0
+
+    def _load_policy(self, path: str) -> None:
+        self.policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.parts = PolicyParts(self.policy)
+        self.policy_path = path
+
+    def _follow_policy(self) -> None:
+        """Reload the policy when the server serves another one (a published policy version)."""
+        if self.policy_source is None:
+            return
+        served = self.policy_source()
+        if served and served != self.policy_path and Path(served, "config.json").is_file():
+            logger.info("spot worker: the server now serves %s; reloading the policy's shared parts", served)
+            self._load_policy(served)
 
     def _check(self) -> None:
         """Between two units of work: raise Preempted when the server has work; keep the lease."""
@@ -132,6 +156,7 @@ class SpotWorker:
 
     def run_slice(self) -> SliceResult:
         """Lease, train, commit (or release when preempted)."""
+        self._follow_policy()
         grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
         ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
         result = SliceResult(base_version=grant.base_version, started_at=time.monotonic())
@@ -276,6 +301,7 @@ def main(argv: list[str] | None = None) -> None:
             metadata,
             features=ServerFeatures(settings.server_url).many if settings.features == "server" else None,
             hand_off=hand_off,
+            policy_source=lambda: served_model_path(settings.server_url),
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
 

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from rollout_server.memory_handoff import MemoryHandOff
 from rollout_server.server_features import ServerFeatures
-from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, server_busy
+from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, served_model_path, server_busy
 from tlt.drafter.training import DrafterTrainingConfig, policy_features
 from tlt.paths import BUNDLED_MODEL
 from tlt.samples_stream import SamplesStream
@@ -153,3 +153,28 @@ def test_requests_held_by_a_paused_server_preempt_the_slice(setup) -> None:
     print(f"paused slice preempted {result.preempt_latency_s:.3f} s after the held request was seen")
     assert result.preempted and result.version is None
     assert not server_busy(server.url)
+
+
+def test_the_worker_follows_the_policy_the_server_serves(setup, tmp_path) -> None:
+    """After the trainer publishes a policy version, the drafter's shared embedding and head are
+    the new policy's, not the initial one's. Restores the bundled policy on the server afterwards."""
+    from transformers import AutoModelForCausalLM
+
+    server, worker = setup
+    policy = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32)
+    with torch.no_grad():
+        policy.get_input_embeddings().weight.mul_(1.5)
+    published = tmp_path / "policy-v1"
+    policy.save_pretrained(published)
+    AutoTokenizer.from_pretrained(BUNDLED_MODEL).save_pretrained(published)
+    worker.policy_source = lambda: served_model_path(server.url)
+    try:
+        body = {"model_path": str(published), "weight_version": "1"}
+        requests.post(f"{server.url}/update_weights_from_disk", json=body, timeout=60).raise_for_status()
+        worker._follow_policy()
+        assert worker.policy_path == str(published)
+        assert torch.equal(worker.parts.embed_tokens.weight, policy.get_input_embeddings().weight)
+    finally:
+        worker.policy_source = None
+        body = {"model_path": str(BUNDLED_MODEL), "weight_version": "0"}
+        requests.post(f"{server.url}/update_weights_from_disk", json=body, timeout=60).raise_for_status()
