@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 
 import torch
-from pydantic import ValidationError
-from pydantic_settings import CliApp
 
 from drafter_service.grpc_server import build_server
 from drafter_service.store import DrafterStore
-from tlt.settings import DrafterServiceSettings, RedisSettings
+from tlt.settings import DrafterServiceSettings, service_start
 
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        settings = CliApp.run(DrafterServiceSettings, cli_args=sys.argv[1:] if argv is None else argv)
-        redis_settings = RedisSettings()
-    except ValidationError as err:
-        sys.exit(f"drafter_service: invalid settings:\n{err}")
+    settings, client = service_start(DrafterServiceSettings, "drafter_service", argv)
     torch.set_num_threads(settings.threads)
-    client = redis_settings.client()
-    client.ping()  # fail at start, not at the first call, when Redis is unreachable or refuses us
     store = DrafterStore(client, keep_versions=settings.keep_versions, lease_ttl_s=settings.lease_ttl_s)
     server = build_server(settings, store)
     server.start()

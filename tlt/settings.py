@@ -5,7 +5,7 @@ variables, then the defaults."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -19,6 +19,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Speculation = Literal["off", "always", "adaptive"]
 SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+Settings = TypeVar("Settings", bound=BaseSettings)
 
 
 def _process_flags(env_prefix: str, prog: str) -> SettingsConfigDict:
@@ -355,3 +356,23 @@ class TrainerSettings(BaseSettings):
         if self.rollout_servers and self.rollout_service:
             raise ValueError("give --rollout-servers or --rollout-service, not both")
         return self
+
+
+def service_start(settings_model: type[Settings], prog: str, argv: list[str] | None) -> tuple[Settings, redis.Redis]:
+    """How a TLT service process starts: logging, its flags (exit with the problems when invalid),
+    and a Redis client that answered a ping (fail at start, not at the first call)."""
+    import logging
+    import sys
+
+    from pydantic import ValidationError
+    from pydantic_settings import CliApp
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        settings = CliApp.run(settings_model, cli_args=sys.argv[1:] if argv is None else argv)
+        redis_settings = RedisSettings()
+    except ValidationError as err:
+        sys.exit(f"{prog}: invalid settings:\n{err}")
+    client = redis_settings.client()
+    client.ping()
+    return settings, client

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 from collections.abc import Callable, Sequence
 
 import torch
-from pydantic import ValidationError
-from pydantic_settings import CliApp
 from transformers.utils import logging as hf_logging
 
-from tlt.settings import RedisSettings, TrainerSettings
+from tlt.settings import TrainerSettings, service_start
 from trainer.grpc_server import build_server
 from trainer.job_store import JobStore
 from trainer.runner import JobRunner
@@ -32,16 +29,9 @@ def discovery(settings: TrainerSettings) -> Callable[[], Sequence[str]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or Ctrl-C; a running job stays RUNNING and resumes at the next start."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        settings = CliApp.run(TrainerSettings, cli_args=sys.argv[1:] if argv is None else argv)
-        redis_settings = RedisSettings()
-    except ValidationError as err:
-        sys.exit(f"trainer: invalid settings:\n{err}")
+    settings, client = service_start(TrainerSettings, "trainer", argv)
     torch.set_num_threads(settings.threads)
     hf_logging.disable_progress_bar()  # a bar per saved checkpoint would flood the log
-    client = redis_settings.client()
-    client.ping()  # fail at start, not at the first call, when Redis is unreachable or refuses us
     store = JobStore(client, max_jobs=settings.max_jobs)
     discover = discovery(settings)
     runner = JobRunner(store, settings, discover)
