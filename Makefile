@@ -37,6 +37,7 @@ bench: install
 	$(PY) -m benchmarks.engine_vs_hf
 	$(PY) -m benchmarks.long_tail_rollout
 	$(PY) -m benchmarks.spot_training
+	$(PY) -m benchmarks.rl_step
 
 tiny-model: install
 	$(VENV)/bin/tlt make-tiny-model

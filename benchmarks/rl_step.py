@@ -43,6 +43,8 @@ def _summary(run: LocalRun) -> dict:
         "mean_rollout_s": statistics.fmean(s.rollout_s for s in steps),
         "mean_tail_s": statistics.fmean(s.tail_s for s in steps),
         "mean_train_s": statistics.fmean(s.train_s for s in steps),
+        # Sampled runs generate different tokens: the rate is the like-for-like rollout figure.
+        "rollout_tokens_per_s": sum(s.response_tokens for s in steps) / sum(s.rollout_s for s in steps),
         "reward_first_half": statistics.fmean(s.reward_mean for s in steps[: len(steps) // 2] or steps),
         "reward_second_half": statistics.fmean(s.reward_mean for s in steps[len(steps) // 2 :]),
         "steps": [s.model_dump() for s in steps],
@@ -102,6 +104,7 @@ def main(
         "step_time_ratio_off_over_tlt": off["mean_step_s"] / tlt["mean_step_s"],
         "rollout_time_ratio_off_over_tlt": off["mean_rollout_s"] / tlt["mean_rollout_s"],
         "tail_time_ratio_off_over_tlt": off["mean_tail_s"] / tlt["mean_tail_s"],
+        "rollout_rate_ratio_tlt_over_off": tlt["rollout_tokens_per_s"] / off["rollout_tokens_per_s"],
     }
     name = "rl_step_quick" if quick else "rl_step"
     path = write_json(name, data)

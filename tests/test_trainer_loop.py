@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,11 +22,12 @@ from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.rollout_client import SamplingParams
 from tlt.rollout_pool import RolloutPool
-from tlt.server_process import RolloutServerProcess
+from tlt.server_process import RolloutServerProcess, SidecarProcess
 from tlt.tasks import GcdTask
+from tlt.weight_channel import WeightChannel
 from trainer.loop import GrpoTrainer
-from trainer.policy_publisher import DiskPolicyPublisher
-from trainer.version_barrier import VersionBarrier, served_version
+from trainer.policy_publisher import DiskPolicyPublisher, RedisPolicyPublisher, served_version
+from trainer.version_barrier import VersionBarrier
 
 pytestmark = pytest.mark.slow
 
@@ -49,6 +51,26 @@ def _trainer(servers, tmp_path: Path, **spec) -> GrpoTrainer:
     return trainer
 
 
+def _held_out_prompts() -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    return [tokenizer(p.prompt).input_ids for p in GcdTask().sample(6, seed=99, split="test")]
+
+
+def _greedy_reference(trainer: GrpoTrainer) -> list[list[int]]:
+    """HF greedy outputs of the trainer's current weights on a few held-out prompts."""
+    tokenizer = trainer.tokenizer
+    trainer.policy.eval()
+    with torch.no_grad():
+        outputs = greedy_generate(trainer.policy, _held_out_prompts(), 120, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    trainer.policy.train()
+    return [list(o) for o in outputs]
+
+
+def _greedy_of(server: RolloutServerProcess) -> list[list[int]]:
+    params = SamplingParams(max_new_tokens=120, temperature=0.0)
+    return [c.output_ids for c in server.client().generate_batch(_held_out_prompts(), params)]
+
+
 def test_published_versions_are_what_the_servers_serve(servers, tmp_path: Path) -> None:
     trainer = _trainer(servers, tmp_path, prompts_per_step=8, samples_per_prompt=4, max_new_tokens=256, lr=1e-3)
     first = trainer.step(0)
@@ -58,14 +80,9 @@ def test_published_versions_are_what_the_servers_serve(servers, tmp_path: Path) 
     assert first.stale_samples == 0 and second.stale_samples == 0 and second.samples == 32
     assert 1.0 < first.spec_accept_length <= 5.0  # server A speculated (4 draft steps) on its share
     assert first.clip_fraction == 0.0  # on-policy: the servers' logprobs are the trainer's own
-    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
-    prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(6, seed=99, split="test")]
-    trainer.policy.eval()
-    with torch.no_grad():
-        expected = [list(o) for o in greedy_generate(trainer.policy, prompts, 120, tokenizer.eos_token_id, tokenizer.pad_token_id)]
+    expected = _greedy_reference(trainer)
     for server in servers:
-        outputs = [c.output_ids for c in server.client().generate_batch(prompts, SamplingParams(max_new_tokens=120, temperature=0.0))]
-        assert outputs == expected, f"{server.url} does not serve the trainer's weights"
+        assert _greedy_of(server) == expected, f"{server.url} does not serve the trainer's weights"
 
 
 
@@ -98,7 +115,7 @@ def test_ten_steps_raise_the_held_out_sampled_accuracy(servers, tmp_path: Path) 
 
 
 def test_a_server_killed_mid_step_leaves_the_step_complete(servers, tmp_path: Path) -> None:
-    """Runs last in this module: it kills server B (and starts it again for the fixture's sake)."""
+    """Kills server B mid-step (and starts it again for the tests after it)."""
     b = servers[1]
     trainer = _trainer(servers, tmp_path, prompts_per_step=16, samples_per_prompt=4, max_new_tokens=400, lr=1e-4)
 
@@ -117,3 +134,25 @@ def test_a_server_killed_mid_step_leaves_the_step_complete(servers, tmp_path: Pa
     print(f"B killed mid-step: {metrics.resent} samples re-sent; samples by server {metrics.samples_by_server}")
     assert metrics.samples == 64 and sum(metrics.samples_by_server.values()) == 64  # every sample once
     assert metrics.resent > 0 and metrics.stale_samples == 0
+
+
+def test_policy_versions_through_redis_reach_the_server_and_bad_ones_are_refused(servers, redis_server, tmp_path: Path) -> None:
+    """The Redis policy channel: the trainer publishes to the job's channel, B's policy follower
+    loads each version; a corrupted version is refused and B keeps serving the last good one."""
+    b = servers[1]
+    job = JobSpec(name=f"redis-policy-{uuid.uuid4().hex[:6]}", prompts_per_step=8, samples_per_prompt=4, max_new_tokens=200, lr=1e-3)
+    channel = WeightChannel(redis_server.settings.client(), job.name, "policy")
+    follower_args = ["--server-url", b.url, "--job-id", job.name, "--base-model-path", str(BUNDLED_MODEL), "--work-dir", str(tmp_path / "follower")]
+    follower = SidecarProcess("rollout_server.policy_follower", tmp_path / "follower.log", follower_args, env=redis_server.client_env())
+    with follower.start(60):
+        barrier = VersionBarrier(RedisPolicyPublisher(channel, timeout_s=60))
+        trainer = GrpoTrainer(job, RolloutPool(lambda: [b.url], admit=barrier.admit), barrier, lambda: [b.url])
+        trainer.publish()
+        metrics = trainer.step(0)  # publishes v1 through Redis
+        assert metrics.stale_samples == 0 and served_version(b.url) == "1"
+        assert _greedy_of(b) == _greedy_reference(trainer)
+
+        # A version without the trainer's version number (not written by a trainer) is refused.
+        channel.publish_blob(channel.read()[1], channel.latest_version(), {})
+        time.sleep(3.0)  # the follower has seen the announcement by now
+        assert served_version(b.url) == "1" and "rejected" in follower.log_tail()

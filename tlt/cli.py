@@ -24,7 +24,7 @@ from tlt.job_client import JobClient
 from tlt.job_spec import JobSpec
 from tlt.jobs import JobEvent, StepMetrics
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_JOB, BUNDLED_MODEL
-from tlt.settings import Speculation
+from tlt.settings import PolicyChannel, Speculation
 from tlt.stats import RolloutSummary, tail_time_share
 
 app = typer.Typer(help="TLT: fast RL rollouts with adaptive speculative decoding.", no_args_is_help=True)
@@ -253,6 +253,9 @@ def run(
     redis_url: Annotated[str | None, typer.Option(envvar="TLT_REDIS_URL", help="external Redis; default: an embedded one")] = None,
     runs_dir: Annotated[Path, typer.Option(help="runs/<job>/ gets metrics, checkpoints, logs and the report")] = Path("runs"),
     trainer_threads: Annotated[int, typer.Option(min=1, max=256, help="torch threads of the policy update")] = 1,
+    policy_channel: Annotated[
+        PolicyChannel, typer.Option(help="policy versions to the servers through a directory (disk) or Redis")
+    ] = "disk",
 ) -> None:
     """Run an RL job on this machine: Redis, the drafter service, rollout servers with spot workers
     and the trainer as local processes; the job is submitted over gRPC and followed until it ends.
@@ -274,6 +277,7 @@ def run(
         redis_url=redis_url,
         redis_password=os.environ.get("TLT_REDIS_PASSWORD"),
         trainer_threads=trainer_threads,
+        policy_channel=policy_channel,
     )
     with _progress() as progress:
         phase = progress.add_task("local cluster", total=None, info="")

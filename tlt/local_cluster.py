@@ -13,8 +13,14 @@ from typing import Self
 
 from tlt.job_spec import JobSpec
 from tlt.redis_server import EmbeddedRedis
-from tlt.server_process import GrpcServiceProcess, RolloutServerProcess, ServiceProcess, SpotWorkerProcess
-from tlt.settings import RedisSettings, Speculation
+from tlt.server_process import (
+    GrpcServiceProcess,
+    RolloutServerProcess,
+    ServiceProcess,
+    SidecarProcess,
+    SpotWorkerProcess,
+)
+from tlt.settings import PolicyChannel, RedisSettings, Speculation
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +33,7 @@ class ClusterConfig:
     redis_url: str | None = None  # external Redis; none: an embedded one
     redis_password: str | None = None
     trainer_threads: int = 1
+    policy_channel: PolicyChannel = "disk"  # redis: a policy follower beside each server
 
 
 class LocalCluster:
@@ -94,9 +101,18 @@ class LocalCluster:
                     "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path),
                 ]  # fmt: skip
                 self.processes.append(SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=env).start(60))
+        if config.policy_channel == "redis":
+            on_phase("starting the policy followers")
+            for n, server in enumerate(self.rollout_servers):
+                follower_args = [
+                    "--server-url", server.url, "--job-id", job, "--base-model-path", str(self.spec.model_path),
+                    "--work-dir", str(self.logs.parent / "followers" / f"rollout-{n}"),
+                ]  # fmt: skip
+                follower = SidecarProcess("rollout_server.policy_follower", self.logs / f"follower-{n}.log", follower_args, env)
+                self.processes.append(follower.start(60))
         on_phase("starting the trainer")
         trainer_args = ["--runs-dir", str(self.runs_root), "--threads", str(config.trainer_threads)]
-        trainer_args += ["--drafter-service", self.drafter_service.target]
+        trainer_args += ["--drafter-service", self.drafter_service.target, "--policy-channel", config.policy_channel]
         for server in self.rollout_servers:
             trainer_args += ["--rollout-servers", server.url]
         self.trainer = GrpcServiceProcess("trainer", self.logs / "trainer.log", args=trainer_args, env=env)

@@ -178,13 +178,23 @@ class GrpcServiceProcess(ServiceProcess):
         return answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
-class SpotWorkerProcess(ServiceProcess):
-    """`python -m rollout_server.spot_worker`; it serves nothing, so running is healthy."""
+class SidecarProcess(ServiceProcess):
+    """`python -m <module>` beside a rollout server (spot worker, policy follower); it serves
+    nothing, so running is healthy."""
 
-    kind = "spot worker"
+    def __init__(self, module: str, log_path: Path, args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        super().__init__(log_path, None, args, env)
+        self.module = self.kind = module
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "rollout_server.spot_worker", *self.args]
+        return [sys.executable, "-m", self.module, *self.args]
 
     def healthy(self) -> bool:
         return self.alive()
+
+
+class SpotWorkerProcess(SidecarProcess):
+    """`python -m rollout_server.spot_worker`."""
+
+    def __init__(self, log_path: Path, args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        super().__init__("rollout_server.spot_worker", log_path, args, env)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 Device = Literal["auto", "cpu", "cuda"]
 Speculation = Literal["off", "always", "adaptive"]
+PolicyChannel = Literal["disk", "redis"]
 SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Settings = TypeVar("Settings", bound=BaseSettings)
@@ -333,6 +334,11 @@ class TrainerSettings(BaseSettings):
         None, description="where published policy versions go (must be readable by the rollout servers); "
         "unset: <runs-dir>/<job>/policy"
     )
+    policy_channel: PolicyChannel = Field(
+        "disk",
+        description="how policy versions reach the servers: disk (a directory they read, --policy-dir) or redis "
+        "(the job's policy weight channel, applied by a policy follower beside each server; small policies)",
+    )
     drafter_service: str | None = Field(None, description="host:port of the drafter service; unset: no adaptive drafter")
     drafter_auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
     max_jobs: int = Field(1000, ge=1, le=1_000_000, description="job records kept; further submissions are refused")
@@ -356,6 +362,18 @@ class TrainerSettings(BaseSettings):
         if self.rollout_servers and self.rollout_service:
             raise ValueError("give --rollout-servers or --rollout-service, not both")
         return self
+
+
+class PolicyFollowerSettings(BaseSettings):
+    """Flags of `python -m rollout_server.policy_follower` (also `TLT_FOLLOWER_*`; Redis: `TLT_REDIS_*`)."""
+
+    model_config = _process_flags("TLT_FOLLOWER_", "python -m rollout_server.policy_follower")
+
+    server_url: str = Field(description="the rollout server this follower loads versions into")
+    job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    base_model_path: Path = Field(description="the server's initial checkpoint: config and tokenizer files come from it")
+    work_dir: Path = Field(description="where versions are written for the server to load (the newest 2 kept)")
+    max_bytes: int = Field(8 * 1024**3, ge=1024, description="largest policy blob accepted")
 
 
 def service_start(settings_model: type[Settings], prog: str, argv: list[str] | None) -> tuple[Settings, redis.Redis]:

@@ -32,6 +32,8 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 WeightKind = Literal["drafter", "policy"]
+# Manifest metadata of a policy version: the trainer's version number (the server's weight_version).
+POLICY_VERSION_KEY = "policy_version"
 # safetensors header: 8-byte little-endian length, then that many bytes of JSON.
 _HEADER_LEN = struct.Struct("<Q")
 MAX_HEADER_BYTES = 100 * 1024 * 1024

@@ -83,8 +83,8 @@ class GrpoTrainer:
         cannot load it now are admitted once they do); returns the seconds it took. Call it once
         before the first step (servers may hold anything: another job's policy)."""
         started = time.monotonic()
-        path = self.barrier.publisher.write(self.policy, self.tokenizer, self.version)
-        failed = self.barrier.publish(self.servers(), path, self.version)
+        location = self.barrier.publisher.write(self.policy, self.tokenizer, self.version)
+        failed = self.barrier.publish(self.servers(), location, self.version)
         if failed:
             logger.warning("policy v%d not loaded by %s yet: they get no work until they load it", self.version, failed)
         return time.monotonic() - started

@@ -1,21 +1,38 @@
-"""Publishing a policy version to the rollout servers: the trainer writes an HF checkpoint to a
-directory the servers can read (one machine; a shared volume on a cluster) and each server loads
-it with SGLang's `/update_weights_from_disk`, tagged with the version, which SGLang then returns
-with every generation (`meta_info.weight_version`): the trainer can check that a step's samples
-all come from one version."""
+"""Publishing a policy version to the rollout servers, over one of two channels:
+
+- disk (large policies): the trainer writes an HF checkpoint into a directory the servers can read
+  (one machine; a shared volume on a cluster) and has each server load it with SGLang's
+  `/update_weights_from_disk`;
+- Redis (small policies, no shared volume): the trainer publishes the checkpoint's safetensors to
+  the job's `policy` weight channel; each server's policy follower verifies it, writes it locally
+  and loads it the same way.
+
+Either way a version is tagged on the server (SGLang's `weight_version`, returned with every
+generation), so the trainer can check that a step's samples all come from one version."""
 
 from __future__ import annotations
 
 import shutil
+import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import requests
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.weight_channel import POLICY_VERSION_KEY, WeightChannel
+
 
 class PublishFailed(RuntimeError):
     """A server refused or failed to load a policy version."""
+
+
+def served_version(url: str) -> str | None:
+    """The policy version the server says it serves (SGLang's weight_version)."""
+    answer = requests.get(f"{url}/model_info", timeout=5)
+    answer.raise_for_status()
+    return answer.json().get("weight_version")
 
 
 class DiskPolicyPublisher:
@@ -25,9 +42,9 @@ class DiskPolicyPublisher:
         self.root, self.keep, self.timeout_s = root, keep, timeout_s
         root.mkdir(parents=True, exist_ok=True)
 
-    def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> Path:
+    def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> str:
         """Save the checkpoint of `version` (safetensors); drop versions before the newest `keep`
-        and any later ones (a previous run's)."""
+        and any later ones (a previous run's). Returns its directory."""
         path = self.root / f"policy-v{version}"
         staging = self.root / f".policy-v{version}.partial"
         shutil.rmtree(staging, ignore_errors=True)
@@ -40,13 +57,13 @@ class DiskPolicyPublisher:
             # Older than the newest `keep`, or left by an earlier run of the job with higher numbers.
             if number <= version - self.keep or number > version:
                 shutil.rmtree(other, ignore_errors=True)
-        return path
+        return str(path)
 
-    def load_into(self, servers: Sequence[str], path: Path, version: int) -> None:
+    def load_into(self, servers: Sequence[str], location: str, version: int) -> None:
         """Have every server load the checkpoint; PublishFailed names the servers that did not."""
         failed = []
         for url in servers:
-            body = {"model_path": str(path), "weight_version": str(version)}
+            body = {"model_path": location, "weight_version": str(version)}
             try:
                 answer = requests.post(f"{url}/update_weights_from_disk", json=body, timeout=self.timeout_s)
                 if answer.status_code != 200 or not answer.json().get("success", False):
@@ -55,3 +72,46 @@ class DiskPolicyPublisher:
                 failed.append(f"{url}: {err}")
         if failed:
             raise PublishFailed(f"policy v{version} not loaded by: {'; '.join(failed)}")
+
+
+class RedisPolicyPublisher:
+    """Publishes versions to the job's `policy` weight channel; the servers' policy followers load
+    them. `load_into` waits until the servers say they serve the version."""
+
+    def __init__(self, channel: WeightChannel, timeout_s: float = 120.0) -> None:
+        self.channel, self.timeout_s = channel, timeout_s
+
+    def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> str:
+        """Publish the weights of `version` (one safetensors file, as `save_pretrained` writes it);
+        returns the channel version that carries it."""
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp, safe_serialization=True, max_shard_size="1000GB")
+            files = list(Path(tmp).glob("*.safetensors"))
+            if len(files) != 1:
+                raise PublishFailed(f"expected one safetensors file, save_pretrained wrote {len(files)}")
+            blob = files[0].read_bytes()
+        manifest = self.channel.publish_blob(blob, self.channel.latest_version(), {POLICY_VERSION_KEY: str(version)})
+        return str(manifest.version)
+
+    def load_into(self, servers: Sequence[str], location: str, version: int) -> None:
+        """Wait until every server serves `version`; PublishFailed names those that did not in time."""
+        deadline = time.monotonic() + self.timeout_s
+        waiting, unreachable = list(servers), []
+        while waiting:
+            still = []
+            for url in waiting:
+                try:
+                    if served_version(url) != str(version):
+                        still.append(url)
+                except requests.ConnectionError:  # down: no use waiting for it
+                    unreachable.append(url)
+                except requests.RequestException:
+                    still.append(url)
+            waiting = still
+            if waiting and time.monotonic() > deadline:
+                unreachable += waiting
+                break
+            if waiting:
+                time.sleep(0.1)
+        if unreachable:
+            raise PublishFailed(f"policy v{version} (channel v{location}) not served in {self.timeout_s:.0f} s by: {unreachable}")

@@ -18,11 +18,12 @@ from tlt.jobs import JobRecord, JobState
 from tlt.rollout_pool import RolloutPool
 from tlt.service_errors import Cancelled
 from tlt.settings import TrainerSettings
+from tlt.weight_channel import WeightChannel
 from trainer.checkpoints import latest_checkpoint, read_state
 from trainer.drafter_link import DrafterLink
 from trainer.job_store import JobStore
 from trainer.loop import GrpoTrainer
-from trainer.policy_publisher import DiskPolicyPublisher
+from trainer.policy_publisher import DiskPolicyPublisher, RedisPolicyPublisher
 from trainer.version_barrier import VersionBarrier
 
 logger = logging.getLogger(__name__)
@@ -117,8 +118,7 @@ class JobRunner:
         checkpoint = latest_checkpoint(root / "checkpoints")
         if record.state == JobState.RUNNING:  # interrupted: this is a resumption
             record.resumed += 1
-        publisher = DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy")
-        barrier = VersionBarrier(publisher)
+        barrier = VersionBarrier(self._publisher(job, root))
         # Request ids differ per attempt: a killed trainer's requests may still be on the servers.
         pool = RolloutPool(self.discover, rid_prefix=f"{job}:{record.resumed}:", admit=barrier.admit)
         with self._lock:
@@ -138,6 +138,11 @@ class JobRunner:
         finally:
             with self._lock:
                 self._current = None
+
+    def _publisher(self, job: str, root: Path) -> DiskPolicyPublisher | RedisPolicyPublisher:
+        if self.settings.policy_channel == "redis":
+            return RedisPolicyPublisher(WeightChannel(self.store.client, job, "policy"))
+        return DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy")
 
     def _train(self, record: JobRecord, trainer: GrpoTrainer, root: Path, checkpoint: Path | None) -> None:
         job, spec = record.job_id, record.spec

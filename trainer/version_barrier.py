@@ -8,28 +8,27 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from pathlib import Path
 
 import requests
 
-from trainer.policy_publisher import DiskPolicyPublisher, PublishFailed
+from trainer.policy_publisher import DiskPolicyPublisher, PublishFailed, RedisPolicyPublisher, served_version
 
 logger = logging.getLogger(__name__)
 
 
 class VersionBarrier:
-    def __init__(self, publisher: DiskPolicyPublisher) -> None:
+    def __init__(self, publisher: DiskPolicyPublisher | RedisPolicyPublisher) -> None:
         self.publisher = publisher
         self.version: int | None = None
-        self._path: Path | None = None
+        self._location = ""
         self._admitted: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def publish(self, servers: Sequence[str], path: Path, version: int) -> list[str]:
-        """Make `version` (checkpoint at `path`) current and load it into `servers`; returns the
-        servers that failed to load it (they are not admitted until they do)."""
+    def publish(self, servers: Sequence[str], location: str, version: int) -> list[str]:
+        """Make `version` (what the publisher's `write` returned) current and load it into
+        `servers`; returns the servers that failed to (they are not admitted until they do)."""
         with self._lock:
-            self.version, self._path = version, path
+            self.version, self._location = version, location
             self._admitted.clear()
         failed = []
         for url in servers:
@@ -44,16 +43,10 @@ class VersionBarrier:
                 return True
             try:
                 if served_version(url) != str(self.version):
-                    self.publisher.load_into([url], self._path, self.version)
+                    self.publisher.load_into([url], self._location, self.version)
             except (PublishFailed, requests.RequestException) as err:
                 logger.warning("rollout server %s not admitted: cannot serve policy v%d (%s)", url, self.version, err)
                 return False
             self._admitted[url] = self.version
             return True
 
-
-def served_version(url: str) -> str | None:
-    """The policy version the server says it serves (SGLang's weight_version)."""
-    answer = requests.get(f"{url}/model_info", timeout=5)
-    answer.raise_for_status()
-    return answer.json().get("weight_version")
