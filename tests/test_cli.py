@@ -113,3 +113,19 @@ def test_a_server_that_cannot_start_is_reported_and_cleaned_up(tmp_path: Path) -
     with pytest.raises(ServerStartError, match="exited"):
         server.start(timeout_s=240)
     assert server.process is None
+
+
+@pytest.mark.slow
+def test_run_with_the_redis_policy_channel(tmp_path: Path) -> None:
+    """Policy versions through Redis and the policy followers, speculation off."""
+    result = subprocess.run(
+        [*TLT, "run", "--steps", "2", "--servers", "1", "--speculative", "off", "--policy-channel", "redis", "--runs-dir", str(tmp_path)],
+        capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (run_dir,) = list(tmp_path.iterdir())
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["stale_samples"] for m in metrics] == [0, 0] and all(m["spec_accept_length"] == 0 for m in metrics)
+    follower_log = (run_dir / "logs" / "follower-0.log").read_text()
+    assert "serving policy v0" in follower_log and "serving policy v1" in follower_log
+    assert not (run_dir / "policy").exists()  # nothing went through the disk channel
