@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from redis.exceptions import LockError, RedisError
+from redis.exceptions import RedisError
 
 from tlt.jobs import JobRecord, JobState
 from tlt.rollout_pool import RolloutPool
@@ -68,28 +68,36 @@ class JobRunner:
     def _loop(self) -> None:
         lock = self.store.client.lock(LOCK_KEY, timeout=self.settings.lock_ttl_s, thread_local=False)
         while not self._stop.is_set():
-            if not lock.acquire(blocking=True, blocking_timeout=1.0):
-                continue
-            logger.info("holding the trainer lock: running jobs")
-            self._lost_lock.clear()
-            renewer = threading.Thread(target=self._renew, args=(lock,), name="trainer-lock", daemon=True)
-            renewer.start()
             try:
-                for record in self.store.interrupted():
-                    if self._stop.is_set() or self._lost_lock.is_set():
-                        break
-                    self._run(record)
-                while not (self._stop.is_set() or self._lost_lock.is_set()):
-                    job_id = self.store.next_queued(timeout_s=1.0)
-                    if job_id is not None:
-                        self._run(self.store.get(job_id))
-            finally:
-                self._lost_lock.set()  # ends the renewer
-                renewer.join()
-                try:
-                    lock.release()
-                except LockError:
-                    pass  # expired already
+                self._hold_and_run(lock)
+            except RedisError as err:  # Redis restarting: the running job stays RUNNING, resumed later
+                logger.error("Redis unavailable (%s); retrying", err)
+                self._stop.wait(1.0)
+
+    def _hold_and_run(self, lock) -> None:
+        """While holding the trainer lock: resume interrupted jobs, then run queued ones."""
+        if not lock.acquire(blocking=True, blocking_timeout=1.0):
+            return
+        logger.info("holding the trainer lock: running jobs")
+        self._lost_lock.clear()
+        renewer = threading.Thread(target=self._renew, args=(lock,), name="trainer-lock", daemon=True)
+        renewer.start()
+        try:
+            for record in self.store.interrupted():
+                if self._yielding():
+                    break
+                self._run(record)
+            while not self._yielding():
+                job_id = self.store.next_queued(timeout_s=1.0)
+                if job_id is not None:
+                    self._run(self.store.get(job_id))
+        finally:
+            self._lost_lock.set()  # ends the renewer
+            renewer.join()
+            try:
+                lock.release()
+            except RedisError:
+                pass  # expired already, or Redis is away (then it expires)
 
     def _renew(self, lock) -> None:
         while not self._lost_lock.wait(self.settings.lock_ttl_s / 3):
@@ -132,6 +140,8 @@ class JobRunner:
                 logger.info("job %s left RUNNING at step %d: the trainer is stopping", job, record.steps_done)
             else:
                 self.store.transition(record, JobState.CANCELLED, "cancelled by a client")
+        except RedisError:
+            raise  # not the job's fault: it stays RUNNING and resumes once Redis is back
         except Exception as err:  # a failing job must not take the trainer down
             logger.exception("job %s failed", job)
             self.store.transition(record, JobState.FAILED, f"{type(err).__name__}: {err}"[:2000])
