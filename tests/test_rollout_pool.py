@@ -8,26 +8,17 @@ import threading
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
+from tests.rollout_batches import greedy_batch
 from tlt.paths import BUNDLED_MODEL
-from tlt.rollout_client import SamplingParams
-from tlt.rollout_pool import NoServers, RolloutPool, RolloutRequest
+from tlt.rollout_pool import NoServers, RolloutPool
 from tlt.server_process import RolloutServerProcess
-from tlt.tasks import GcdTask
 
 pytestmark = pytest.mark.slow
 
 
-def _batch(n: int) -> list[RolloutRequest]:
-    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
-    params = SamplingParams(max_new_tokens=160, temperature=0.0, ignore_eos=True)
-    problems = GcdTask().sample(n, seed=4, split="train")
-    return [RolloutRequest(f"s{i}", i // 4, tuple(tokenizer(p.prompt).input_ids), params) for i, p in enumerate(problems)]
-
-
 def test_servers_join_and_die_mid_batch_and_every_sample_comes_back_once(tmp_path: Path) -> None:
-    batch = _batch(48)
+    batch = greedy_batch(48)
     a = RolloutServerProcess(BUNDLED_MODEL, tmp_path / "a.log")
     b = RolloutServerProcess(BUNDLED_MODEL, tmp_path / "b.log")
     with a.start(), b.start():
@@ -56,10 +47,10 @@ def test_servers_join_and_die_mid_batch_and_every_sample_comes_back_once(tmp_pat
 def test_no_server_is_a_clear_error() -> None:
     pool = RolloutPool(lambda: ["http://127.0.0.1:9"], no_server_timeout_s=1.0)
     with pytest.raises(NoServers, match="no live rollout server"):
-        pool.run(_batch(1))
+        pool.run(greedy_batch(1))
 
 
 def test_keys_must_be_unique() -> None:
-    request = _batch(1)[0]
+    request = greedy_batch(1)[0]
     with pytest.raises(ValueError, match="unique"):
         RolloutPool(list).run([request, request])
