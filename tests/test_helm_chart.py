@@ -1,0 +1,176 @@
+"""The Helm chart, checked offline: `helm lint --strict`, renders with default values and with every
+optional feature validated against the Kubernetes schemas of three versions, and assertions over the
+rendered objects. Needs the helm binary of `make helm` (.tools/helm, or $TLT_HELM)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "tlt"
+HELM = Path(os.environ.get("TLT_HELM", ROOT / ".tools" / "helm"))
+KUBERNETES_VERSIONS = ("1.30.0", "1.32.0", "1.34.0")
+EVERY_FEATURE = {
+    "model.draftPath": "/models/drafter",
+    "rollout.hpa.enabled": "true",
+    "redis.persistence.enabled": "true",
+    "trainer.policyChannel": "disk",
+    "trainer.sharedVolume.existingClaim": "tlt-shared",
+    "rollout.nodeSelector.gpu": "h200",
+    "imagePullSecrets[0].name": "registry",
+}
+EXTERNAL_REDIS = {"redis.enabled": "false", "redis.external.url": "redis://redis.example:6379/0", "auth.existingSecret": "tlt-creds"}
+
+
+def _helm(*args: str) -> subprocess.CompletedProcess[str]:
+    if not HELM.exists():
+        pytest.fail(f"no helm binary at {HELM}: run `make helm`")
+    return subprocess.run([str(HELM), *args], capture_output=True, text=True, check=False, timeout=120)
+
+
+def _render(values: dict[str, str] | None = None) -> list[dict]:
+    sets = [f"--set={k}={v}" for k, v in (values or {}).items()]
+    result = _helm("template", "rl", str(CHART), "--namespace", "tlt", *sets)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def _one(objects: list[dict], kind: str, suffix: str) -> dict:
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def _containers(deployment: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+
+
+def test_lint_strict() -> None:
+    result = _helm("lint", "--strict", str(CHART))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values", [{}, EVERY_FEATURE, EXTERNAL_REDIS], ids=["defaults", "every-feature", "external-redis"])
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_rendered_objects_are_valid_kubernetes(values: dict[str, str], version: str, tmp_path: Path) -> None:
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump_all(_render(values)))
+    command = [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", "-k", version, str(rendered)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rollout_pods_request_gpus_and_wait_long_before_readiness() -> None:
+    rollout = _one(_render(), "Deployment", "-rollout")
+    server = _containers(rollout)["rollout-server"]
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == 1 and server["resources"]["requests"]["nvidia.com/gpu"] == 1
+    startup = server["startupProbe"]
+    assert startup["httpGet"]["path"] == "/health" and startup["periodSeconds"] * startup["failureThreshold"] >= 600
+    assert server["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "livenessProbe" not in server  # /health waits while a spot slice pauses the server
+    assert rollout["spec"]["replicas"] == 2
+
+
+def test_the_rollout_service_is_headless_and_names_the_port_the_trainer_looks_for() -> None:
+    objects = _render()
+    service = _one(objects, "Service", "-rollout")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["name"] == "http"
+    args = _containers(_one(objects, "Deployment", "-trainer"))["trainer"]["args"]
+    assert args[args.index("--rollout-service") + 1] == f"tlt/{service['metadata']['name']}"
+    assert args[args.index("--rollout-port-name") + 1] == "http"
+
+
+def test_rbac_grants_exactly_list_and_watch_of_endpointslices() -> None:
+    objects = _render()
+    role = _one(objects, "Role", "-trainer")
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
+    binding = _one(objects, "RoleBinding", "-trainer")
+    trainer = _one(objects, "Deployment", "-trainer")
+    assert binding["subjects"][0]["name"] == trainer["spec"]["template"]["spec"]["serviceAccountName"]
+    assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def test_the_pdb_covers_the_rollout_pods_and_the_hpa_is_optional() -> None:
+    objects = _render()
+    pdb = _one(objects, "PodDisruptionBudget", "-rollout")
+    rollout = _one(objects, "Deployment", "-rollout")
+    assert pdb["spec"]["selector"]["matchLabels"] == rollout["spec"]["selector"]["matchLabels"]
+    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
+    scaled = _render({"rollout.hpa.enabled": "true", "rollout.hpa.maxReplicas": "6"})
+    hpa = _one(scaled, "HorizontalPodAutoscaler", "-rollout")
+    assert hpa["spec"]["maxReplicas"] == 6 and hpa["spec"]["scaleTargetRef"]["name"] == rollout["metadata"]["name"]
+    assert "replicas" not in _one(scaled, "Deployment", "-rollout")["spec"]  # the HPA owns it
+
+
+def test_speculation_sidecars_and_policy_channel() -> None:
+    plain = _containers(_one(_render(), "Deployment", "-rollout"))
+    assert set(plain) == {"rollout-server", "policy-follower"}  # no drafter: SD off, no spot worker
+    server_args = plain["rollout-server"]["args"]
+    assert server_args[server_args.index("--speculative") + 1] == "off"
+    full = _containers(_one(_render({"model.draftPath": "/models/drafter"}), "Deployment", "-rollout"))
+    assert set(full) == {"rollout-server", "spot-worker", "policy-follower"}
+    args = full["rollout-server"]["args"]
+    assert args[args.index("--speculative") + 1] == "adaptive" and args[args.index("--drafter-job") + 1] == "tlt-job"
+    disk = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
+    assert "policy-follower" not in _containers(_one(disk, "Deployment", "-rollout"))
+    result = _helm("template", "rl", str(CHART), "--set", "trainer.policyChannel=disk")
+    assert result.returncode != 0 and "sharedVolume.existingClaim is required" in result.stderr
+
+
+def test_external_redis_and_an_existing_secret() -> None:
+    objects = _render(EXTERNAL_REDIS)
+    assert not [o for o in objects if o["metadata"]["name"].endswith("-redis")]
+    assert not [o for o in objects if o["kind"] == "Secret"]  # the user's Secret is used
+    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+        for container in _containers(deployment).values():
+            env = {e["name"]: e for e in container.get("env", [])}
+            assert env["TLT_REDIS_URL"]["value"] == "redis://redis.example:6379/0"
+            assert env["TLT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "tlt-creds"
+
+
+def test_credentials_come_from_a_secret_never_from_plain_values() -> None:
+    objects = _render({"auth.redisPassword": "s3cret-pw", "auth.trainerToken": "tok"})
+    secret = _one(objects, "Secret", "-auth")
+    assert set(secret["data"]) == {"redis-password", "trainer-token", "drafter-token"}
+    rendered_elsewhere = yaml.safe_dump_all([o for o in objects if o["kind"] != "Secret"])
+    assert "s3cret-pw" not in rendered_elsewhere and "tok\n" not in rendered_elsewhere
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        for container in _containers(workload).values():
+            for env in container.get("env", []):
+                if any(word in env["name"] for word in ("PASSWORD", "TOKEN")):
+                    assert "value" not in env and "secretKeyRef" in env["valueFrom"], env
+
+
+def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:
+    objects = _render(EVERY_FEATURE)
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "rl" and labels["app.kubernetes.io/name"] == "tlt", obj["metadata"]["name"]
+    for workload in (o for o in objects if o["kind"] in ("Deployment", "StatefulSet")):
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert _one(objects, "Deployment", "-rollout")["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h200"}
+
+
+@pytest.mark.parametrize(
+    ("setting", "complaint"),
+    [
+        ("rollout.speculative=sometimes", "/rollout/speculative"),
+        ("rollout.port=0", "/rollout/port"),
+        ("trainer.policyChannel=ftp", "/trainer/policyChannel"),
+        ("job=bad name", "/job"),
+        ("rollout.gpus=2", "additional properties"),
+        ("redis.external.url=http://x", "/redis/external/url"),
+    ],
+)
+def test_the_schema_refuses_bad_values(setting: str, complaint: str) -> None:
+    result = _helm("template", "rl", str(CHART), "--set", setting)
+    assert result.returncode != 0 and complaint in result.stderr, result.stderr
