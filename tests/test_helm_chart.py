@@ -80,9 +80,29 @@ def test_the_rollout_service_is_headless_and_names_the_port_the_trainer_looks_fo
     objects = _render()
     service = _one(objects, "Service", "-rollout")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["name"] == "http"
-    args = _containers(_one(objects, "Deployment", "-trainer"))["trainer"]["args"]
-    assert args[args.index("--rollout-service") + 1] == f"tlt/{service['metadata']['name']}"
-    assert args[args.index("--rollout-port-name") + 1] == "http"
+    settings = _one(objects, "ConfigMap", "-settings")["data"]
+    assert settings["TLT_TRAINER_ROLLOUT_SERVICE"] == f"tlt/{service['metadata']['name']}"
+    assert settings["TLT_TRAINER_ROLLOUT_PORT_NAME"] == "http"
+
+
+def test_the_settings_configmap_names_only_real_settings_and_every_process_reads_it() -> None:
+    """Each TLT_<PROCESS>_<FIELD> key is a field of that process's settings model (tlt/settings.py)."""
+    from tlt import settings as models
+
+    by_prefix = {
+        m.model_config["env_prefix"]: m
+        for m in (models.TrainerSettings, models.DrafterServiceSettings, models.SpotWorkerSettings,
+                  models.PolicyFollowerSettings, models.RedisSettings)
+    }  # fmt: skip
+    objects = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
+    configmap = _one(objects, "ConfigMap", "-settings")
+    for key in configmap["data"]:
+        prefix = next(p for p in by_prefix if key.startswith(p))
+        assert key.removeprefix(prefix).lower() in by_prefix[prefix].model_fields, key
+    for workload in (o for o in objects if o["kind"] == "Deployment"):
+        assert "checksum/settings" in workload["spec"]["template"]["metadata"]["annotations"]
+        for container in _containers(workload).values():
+            assert container["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
 
 
 def test_rbac_grants_exactly_list_and_watch_of_endpointslices() -> None:
@@ -129,8 +149,8 @@ def test_external_redis_and_an_existing_secret() -> None:
     for deployment in (o for o in objects if o["kind"] == "Deployment"):
         for container in _containers(deployment).values():
             env = {e["name"]: e for e in container.get("env", [])}
-            assert env["TLT_REDIS_URL"]["value"] == "redis://redis.example:6379/0"
             assert env["TLT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "tlt-creds"
+    assert _one(objects, "ConfigMap", "-settings")["data"]["TLT_REDIS_URL"] == "redis://redis.example:6379/0"
 
 
 def test_credentials_come_from_a_secret_never_from_plain_values() -> None:

@@ -37,10 +37,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* environment every TLT process gets: how to reach Redis */}}
+{{/* every TLT process: the settings ConfigMap */}}
+{{- define "tlt.settingsFrom" -}}
+envFrom:
+  - configMapRef:
+      name: {{ include "tlt.fullname" . }}-settings
+{{- end -}}
+
+{{/* pods restart when the settings change */}}
+{{- define "tlt.settingsChecksum" -}}
+checksum/settings: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
+{{- end -}}
+
+{{/* every TLT process: the Redis password */}}
 {{- define "tlt.redisEnv" -}}
-- name: TLT_REDIS_URL
-  value: {{ include "tlt.redisUrl" . | quote }}
 - name: TLT_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
