@@ -107,6 +107,15 @@ class ServiceProcess:
             self.process.wait()
             self.process = None
 
+    def freeze(self) -> None:
+        """SIGSTOP the process group: it keeps its sockets but answers nothing (a hang, for fault tests)."""
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self.process is not None:
+            os.killpg(self.process.pid, signal.SIGCONT)
+
     def log_tail(self, lines: int = 40) -> str:
         if not self.log_path.exists():
             return ""
