@@ -12,6 +12,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tlt.job_client import JobClient
 from tlt.job_spec import JobSpec
@@ -125,3 +127,37 @@ def test_the_cli_submits_lists_watches_and_cancels(trainer, tmp_path: Path) -> N
     unknown = _tlt("cancel", "no-such-job", *remote)
     assert unknown.returncode == 1 and "NOT_FOUND" in unknown.stdout
     assert _tlt("list", "--trainer", trainer.target, "--token", "wrong").returncode == 1
+
+
+ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.RESOURCE_EXHAUSTED}
+text = st.text(max_size=80)
+number = st.integers(min_value=-(2**31), max_value=2**31 - 1)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    method=st.sampled_from(["SubmitJob", "GetJob", "ListJobs", "CancelJob", "WatchJob"]),
+    name=text,
+    other=text,
+    count=number,
+    real=st.floats(allow_nan=True, allow_infinity=True),
+)
+def test_fuzzed_requests_get_clear_errors_and_the_trainer_stays_up(trainer, client, method, name, other, count, real) -> None:
+    fuzzed = {
+        # model_path is fuzzed too, so no fuzzed job is ever accepted and run
+        "SubmitJob": pb.JobSpec(
+            name=name, model_path=other, steps=count, samples_per_prompt=count, temperature=real,
+            grpo=pb.GrpoConfig(overlong=other, clip_high=real), task=other, seed=count,
+        ),
+        "GetJob": pb.JobRef(job_id=name),
+        "ListJobs": pb.ListJobsRequest(state=other, limit=count),
+        "CancelJob": pb.JobRef(job_id=name),
+        "WatchJob": pb.WatchRequest(job_id=name, after_event_id=other),
+    }  # fmt: skip
+    try:
+        answer = getattr(client.stub, method)(fuzzed[method], metadata=client._metadata, timeout=30)
+        if method == "WatchJob":
+            list(answer)
+    except grpc.RpcError as err:
+        assert err.code() in ALLOWED, (err.code(), err.details())
+    assert trainer.alive()

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from tlt.job_spec import JobSpec
@@ -46,3 +49,22 @@ def test_the_bundled_job_loads_with_paths_relative_to_its_file() -> None:
 def test_a_step_of_more_samples_than_the_limit_is_refused() -> None:
     with pytest.raises(ValidationError, match="prompts_per_step x samples_per_prompt"):
         JobSpec(name="huge", prompts_per_step=4096, samples_per_prompt=64)
+
+
+def _yaml_documents() -> st.SearchStrategy[str]:
+    """YAML mappings with job-like keys and values of any shape."""
+    keys = st.sampled_from(["name", "steps", "grpo", "model_path", "temperature", "samples_per_prompt", "task", "dataset_path", "x"])
+    leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=20))
+    values = st.recursive(leaves, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
+    return st.dictionaries(keys, values, max_size=6).map(yaml.safe_dump)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.binary(max_size=300), st.text(max_size=300).map(str.encode), _yaml_documents().map(str.encode)))
+def test_fuzzed_job_files_get_clear_errors_only(tmp_path_factory, content: bytes) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / "job.yaml"
+    path.write_bytes(content)
+    try:
+        JobSpec.from_yaml(path)
+    except ValueError as err:  # pydantic's ValidationError is one
+        assert str(err)

@@ -203,7 +203,7 @@ def _load_job(job_file: Path, **overrides) -> JobSpec:
     try:
         spec = JobSpec.from_yaml(job_file)
         return JobSpec.model_validate({**spec.model_dump(), **{k: v for k, v in overrides.items() if v is not None}})
-    except (OSError, ValidationError) as err:
+    except (OSError, ValueError) as err:  # ValidationError included
         detail = validation_problems(err) if isinstance(err, ValidationError) else str(err)
         raise typer.BadParameter(f"{job_file}: {detail}", param_hint="JOB_FILE") from None
 

@@ -73,9 +73,12 @@ class JobSpec(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: Path) -> JobSpec:
-        """Load and validate a YAML job file (errors name the field); relative model and drafter
-        paths are relative to the file."""
-        data = yaml.safe_load(path.read_text())
+        """Load and validate a YAML job file (ValueError; pydantic's names the field); relative model,
+        drafter and dataset paths are relative to the file."""
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path} is not a YAML job file: {err}") from None
         if isinstance(data, dict):
             for key in ("model_path", "drafter_path", "dataset_path"):
                 if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
