@@ -96,4 +96,5 @@ def build_server(settings: DrafterServiceSettings, store: DrafterStore) -> grpc.
         settings.workers,
         settings.max_message_bytes,
         settings.auth_token,
+        settings.tls(),
     )

@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     from pydantic import ValidationError
     from pydantic_settings import CliApp
 
+    from tlt.grpc_service import client_channel
     from tlt.settings import RedisSettings, SpotWorkerSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -291,7 +292,7 @@ def main(argv: list[str] | None = None) -> None:
     hand_off: Callable[[], AbstractContextManager] = nullcontext
     if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):
         hand_off = functools.partial(MemoryHandOff, settings.server_url)
-    with grpc.insecure_channel(settings.drafter_service) as channel:
+    with client_channel(settings.drafter_service, settings.tls_ca_file) as channel:
         worker = SpotWorker(
             config,
             WeightChannel(client, settings.job_id, "drafter"),

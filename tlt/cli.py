@@ -294,10 +294,11 @@ def run(
 
 Trainer = Annotated[str, typer.Option(envvar="TLT_TRAINER", help="host:port of the trainer's job API")]
 Token = Annotated[str, typer.Option(envvar="TLT_TRAINER_AUTH_TOKEN", help="the trainer's bearer token")]
+TlsCa = Annotated[Path | None, typer.Option(envvar="TLT_TLS_CA", help="CA file to verify the service's TLS; unset: plaintext")]
 
 
-def _job_client(trainer: str, token: str) -> JobClient:
-    return JobClient(trainer, token or None)
+def _job_client(trainer: str, token: str, tls_ca: Path | None) -> JobClient:
+    return JobClient(trainer, token or None, tls_ca_file=tls_ca)
 
 
 def _rpc_failed(err) -> typer.Exit:
@@ -311,12 +312,13 @@ def submit(
     trainer: Trainer = "127.0.0.1:50051",
     token: Token = "",
     watch: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
+    tls_ca: TlsCa = None,
 ) -> None:
     """Submit a job to a (remote) trainer; paths in the job are the trainer's."""
     import grpc
 
     spec = _load_job(job_file)
-    with _job_client(trainer, token) as client:
+    with _job_client(trainer, token, tls_ca) as client:
         try:
             job = client.submit(spec)
             console.print(f"{job.job_id}: {job.state}")
@@ -327,11 +329,11 @@ def submit(
 
 
 @app.command("watch")
-def watch(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "") -> None:
+def watch(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "", tls_ca: TlsCa = None) -> None:
     """Follow a job's progress until it ends."""
     import grpc
 
-    with _job_client(trainer, token) as client:
+    with _job_client(trainer, token, tls_ca) as client:
         try:
             events = _follow(client, job_id)
         except grpc.RpcError as err:
@@ -342,11 +344,11 @@ def watch(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "") 
 
 
 @app.command("cancel")
-def cancel(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "") -> None:
+def cancel(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "", tls_ca: TlsCa = None) -> None:
     """Cancel a job (a running one stops at once; its rollouts are aborted on the servers)."""
     import grpc
 
-    with _job_client(trainer, token) as client:
+    with _job_client(trainer, token, tls_ca) as client:
         try:
             job = client.cancel(job_id)
         except grpc.RpcError as err:
@@ -360,11 +362,12 @@ def list_jobs(
     token: Token = "",
     state: Annotated[str, typer.Option(help="only jobs in this state (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)")] = "",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    tls_ca: TlsCa = None,
 ) -> None:
     """The trainer's jobs, newest first."""
     import grpc
 
-    with _job_client(trainer, token) as client:
+    with _job_client(trainer, token, tls_ca) as client:
         try:
             jobs = client.list(state.upper(), limit)
         except grpc.RpcError as err:
@@ -456,17 +459,19 @@ def drafter_warmup(
     epochs: Annotated[int, typer.Option(min=0, max=1000, help="0: the service's default")] = 0,
     max_samples: Annotated[int, typer.Option(min=0, max=100_000, help="0: the service's default")] = 0,
     token: Annotated[str, typer.Option(envvar="TLT_DRAFTER_AUTH_TOKEN", help="the service's bearer token")] = "",
+    tls_ca: TlsCa = None,
 ) -> None:
     """Warm a job's drafter up offline in the drafter service (its `Warmup` RPC), showing progress;
     Ctrl-C cancels it (the service gives the lease back and commits nothing)."""
     import grpc
 
+    from tlt.grpc_service import bearer_metadata, client_channel
     from tlt.v1 import drafter_pb2 as pb
     from tlt.v1 import drafter_pb2_grpc
 
-    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    metadata = bearer_metadata(token)
     request = pb.WarmupRequest(job_id=job, dataset_path=dataset, epochs=epochs, max_samples=max_samples)
-    with grpc.insecure_channel(service) as channel, _progress() as progress:
+    with client_channel(service, tls_ca) as channel, _progress() as progress:
         call = drafter_pb2_grpc.DrafterServiceStub(channel).Warmup(request, metadata=metadata)
         tasks: dict[str, int] = {}
         try:

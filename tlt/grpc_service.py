@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent import futures
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -87,6 +88,13 @@ def bearer_metadata(token: str | SecretStr | None) -> tuple[tuple[str, str], ...
     return (("authorization", f"Bearer {token}"),) if token else ()
 
 
+def client_channel(target: str, tls_ca_file: Path | None = None) -> grpc.Channel:
+    """A channel to a TLT service: TLS verified against `tls_ca_file` when given, else plaintext."""
+    if tls_ca_file is None:
+        return grpc.insecure_channel(target)
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=Path(tls_ca_file).read_bytes()))
+
+
 def build_grpc_server(
     service_name: str,
     add_servicer: Callable[[grpc.Server], None],
@@ -95,8 +103,10 @@ def build_grpc_server(
     workers: int,
     max_message_bytes: int,
     auth_token: SecretStr | None,
+    tls: tuple[Path, Path] | None = None,
 ) -> grpc.Server:
-    """A gRPC server (not started) with one service, health and reflection, listening on host:port."""
+    """A gRPC server (not started) with one service, health and reflection, listening on host:port
+    (TLS with `tls` = (certificate chain, private key) PEM files, else plaintext)."""
     interceptors = [BearerTokenInterceptor(auth_token.get_secret_value())] if auth_token else []
     limits = [("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", max_message_bytes)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), interceptors=interceptors, options=limits)
@@ -106,6 +116,11 @@ def build_grpc_server(
     for name in (service_name, ""):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    if server.add_insecure_port(f"{host}:{port}") == 0:
+    if tls is not None:
+        credentials = grpc.ssl_server_credentials([(tls[1].read_bytes(), tls[0].read_bytes())])
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     return server

@@ -4,11 +4,10 @@ and the benchmarks."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Self
 
-import grpc
-
-from tlt.grpc_service import bearer_metadata
+from tlt.grpc_service import bearer_metadata, client_channel
 from tlt.job_proto import event_from_proto, spec_to_proto
 from tlt.job_spec import JobSpec
 from tlt.jobs import JobEvent
@@ -17,8 +16,8 @@ from tlt.v1 import jobs_pb2_grpc
 
 
 class JobClient:
-    def __init__(self, target: str, token: str | None = None, timeout_s: float = 60.0) -> None:
-        self._channel = grpc.insecure_channel(target)
+    def __init__(self, target: str, token: str | None = None, timeout_s: float = 60.0, tls_ca_file: Path | None = None) -> None:
+        self._channel = client_channel(target, tls_ca_file)
         self.stub = jobs_pb2_grpc.JobServiceStub(self._channel)
         self._metadata, self._timeout_s = bearer_metadata(token), timeout_s
 

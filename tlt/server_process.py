@@ -163,10 +163,17 @@ class GrpcServiceProcess(ServiceProcess):
     """`python -m <module> --port N` serving gRPC; healthy when the gRPC health service says so."""
 
     def __init__(
-        self, module: str, log_path: Path, port: int | None = None, args: Sequence[str] = (), env: dict[str, str] | None = None
+        self,
+        module: str,
+        log_path: Path,
+        port: int | None = None,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        tls_ca_file: Path | None = None,
     ) -> None:
         super().__init__(log_path, port, args, env)
         self.module = self.kind = module
+        self.tls_ca_file = tls_ca_file  # the service speaks TLS: verify it with this CA
 
     @property
     def target(self) -> str:
@@ -179,7 +186,9 @@ class GrpcServiceProcess(ServiceProcess):
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        with grpc.insecure_channel(self.target) as channel:
+        from tlt.grpc_service import client_channel
+
+        with client_channel(self.target, self.tls_ca_file) as channel:
             try:
                 answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
             except grpc.RpcError:

@@ -241,7 +241,23 @@ class RedisSettings(BaseSettings):
         )
 
 
-class DrafterServiceSettings(BaseSettings):
+class ServerTlsSettings(BaseSettings):
+    """TLS of a gRPC service: both files, or neither (plaintext)."""
+
+    tls_cert_file: Path | None = Field(None, description="PEM certificate chain: serve gRPC over TLS")
+    tls_key_file: Path | None = Field(None, description="PEM private key of the certificate")
+
+    @model_validator(mode="after")
+    def _both_or_neither(self):
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("give both --tls-cert-file and --tls-key-file, or neither")
+        return self
+
+    def tls(self) -> tuple[Path, Path] | None:
+        return (self.tls_cert_file, self.tls_key_file) if self.tls_cert_file and self.tls_key_file else None
+
+
+class DrafterServiceSettings(ServerTlsSettings):
     """Flags of `python -m drafter_service` (also `TLT_DRAFTER_*` variables; Redis: `TLT_REDIS_*`)."""
 
     model_config = _process_flags("TLT_DRAFTER_", "python -m drafter_service")
@@ -271,6 +287,7 @@ class SpotWorkerSettings(BaseSettings):
     server_url: str = Field(description="the rollout server this worker sits beside, e.g. http://127.0.0.1:30000")
     drafter_service: str = Field(description="host:port of the drafter gRPC service")
     auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
+    tls_ca_file: Path | None = Field(None, description="CA to verify the drafter service's TLS with; unset: plaintext")
     job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     worker_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="names this worker in leases and history")
     policy_path: Path = Field(
@@ -308,7 +325,7 @@ class SpotWorkerSettings(BaseSettings):
     )
 
 
-class TrainerSettings(BaseSettings):
+class TrainerSettings(ServerTlsSettings):
     """Flags of `python -m trainer` (also `TLT_TRAINER_*` variables; Redis: `TLT_REDIS_*`)."""
 
     model_config = _process_flags("TLT_TRAINER_", "python -m trainer")
@@ -341,6 +358,7 @@ class TrainerSettings(BaseSettings):
     )
     drafter_service: str | None = Field(None, description="host:port of the drafter service; unset: no adaptive drafter")
     drafter_auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
+    drafter_tls_ca_file: Path | None = Field(None, description="CA to verify the drafter service's TLS with; unset: plaintext")
     max_jobs: int = Field(1000, ge=1, le=1_000_000, description="job records kept; further submissions are refused")
     max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=2**31 - 1, description="largest gRPC message")
     workers: int = Field(16, ge=2, le=256, description="gRPC worker threads (each WatchJob holds one)")

@@ -3,18 +3,19 @@ newest version for the step metrics."""
 
 from __future__ import annotations
 
-import grpc
+from pathlib import Path
+
 from pydantic import SecretStr
 
-from tlt.grpc_service import bearer_metadata
+from tlt.grpc_service import bearer_metadata, client_channel
 from tlt.job_spec import JobSpec
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
 
 
 class DrafterLink:
-    def __init__(self, target: str, token: SecretStr | None = None, timeout_s: float = 60.0) -> None:
-        self._channel = grpc.insecure_channel(target)
+    def __init__(self, target: str, token: SecretStr | None = None, timeout_s: float = 60.0, tls_ca_file: Path | None = None) -> None:
+        self._channel = client_channel(target, tls_ca_file)
         self._stub = drafter_pb2_grpc.DrafterServiceStub(self._channel)
         self._metadata, self._timeout_s = bearer_metadata(token), timeout_s
 

@@ -81,4 +81,5 @@ def build_server(settings: TrainerSettings, store: JobStore, runner: JobRunner) 
         settings.workers,
         settings.max_message_bytes,
         settings.auth_token,
+        settings.tls(),
     )

@@ -33,7 +33,9 @@ LOCK_KEY = "tlt:trainer:lock"
 class JobRunner:
     def __init__(self, store: JobStore, settings: TrainerSettings, discover: Callable[[], Sequence[str]]) -> None:
         self.store, self.settings, self.discover = store, settings, discover
-        self.drafter = DrafterLink(settings.drafter_service, settings.drafter_auth_token) if settings.drafter_service else None
+        self.drafter = None
+        if settings.drafter_service:
+            self.drafter = DrafterLink(settings.drafter_service, settings.drafter_auth_token, tls_ca_file=settings.drafter_tls_ca_file)
         self._stop = threading.Event()
         self._lost_lock = threading.Event()
         self._lock = threading.Lock()
