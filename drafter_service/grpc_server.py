@@ -91,10 +91,5 @@ def build_server(settings: DrafterServiceSettings, store: DrafterStore) -> grpc.
     return build_grpc_server(
         SERVICE_NAME,
         lambda server: drafter_pb2_grpc.add_DrafterServiceServicer_to_server(servicer, server),
-        settings.host,
-        settings.port,
-        settings.workers,
-        settings.max_message_bytes,
-        settings.auth_token,
-        settings.tls(),
+        settings,
     )

@@ -16,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from tlt.service_errors import AlreadyExists, Cancelled, FailedPrecondition, NotFound, ResourceExhausted
+from tlt.settings import GrpcServerSettings
 
 logger = logging.getLogger(__name__)
 Request = TypeVar("Request", bound=BaseModel)
@@ -95,21 +96,13 @@ def client_channel(target: str, tls_ca_file: Path | None = None) -> grpc.Channel
     return grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=Path(tls_ca_file).read_bytes()))
 
 
-def build_grpc_server(
-    service_name: str,
-    add_servicer: Callable[[grpc.Server], None],
-    host: str,
-    port: int,
-    workers: int,
-    max_message_bytes: int,
-    auth_token: SecretStr | None,
-    tls: tuple[Path, Path] | None = None,
-) -> grpc.Server:
-    """A gRPC server (not started) with one service, health and reflection, listening on host:port
-    (TLS with `tls` = (certificate chain, private key) PEM files, else plaintext)."""
+def build_grpc_server(service_name: str, add_servicer: Callable[[grpc.Server], None], settings: GrpcServerSettings) -> grpc.Server:
+    """A gRPC server (not started) with one service, health and reflection, listening on the
+    settings' host and port (TLS when they name a certificate and key, else plaintext)."""
+    auth_token, max_message_bytes, tls = settings.auth_token, settings.max_message_bytes, settings.tls()
     interceptors = [BearerTokenInterceptor(auth_token.get_secret_value())] if auth_token else []
     limits = [("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", max_message_bytes)]
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), interceptors=interceptors, options=limits)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.workers), interceptors=interceptors, options=limits)
     add_servicer(server)
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -118,9 +111,9 @@ def build_grpc_server(
     reflection.enable_server_reflection((service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     if tls is not None:
         credentials = grpc.ssl_server_credentials([(tls[1].read_bytes(), tls[0].read_bytes())])
-        bound = server.add_secure_port(f"{host}:{port}", credentials)
+        bound = server.add_secure_port(f"{settings.host}:{settings.port}", credentials)
     else:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = server.add_insecure_port(f"{settings.host}:{settings.port}")
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise OSError(f"cannot listen on {settings.host}:{settings.port}")
     return server

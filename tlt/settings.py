@@ -241,9 +241,17 @@ class RedisSettings(BaseSettings):
         )
 
 
-class ServerTlsSettings(BaseSettings):
-    """TLS of a gRPC service: both files, or neither (plaintext)."""
+class GrpcServerSettings(BaseSettings):
+    """What every TLT gRPC service is configured with; each service sets its own port and limits."""
 
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(50051, ge=1, le=65535, description="gRPC port")
+    auth_token: SecretStr | None = Field(
+        None, description="when set, every call must carry `authorization: Bearer <token>` metadata"
+    )
+    max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=2**31 - 1, description="largest gRPC message")
+    workers: int = Field(8, ge=1, le=256, description="gRPC worker threads")
+    # TLS: both files, or neither (plaintext).
     tls_cert_file: Path | None = Field(None, description="PEM certificate chain: serve gRPC over TLS")
     tls_key_file: Path | None = Field(None, description="PEM private key of the certificate")
 
@@ -257,16 +265,12 @@ class ServerTlsSettings(BaseSettings):
         return (self.tls_cert_file, self.tls_key_file) if self.tls_cert_file and self.tls_key_file else None
 
 
-class DrafterServiceSettings(ServerTlsSettings):
+class DrafterServiceSettings(GrpcServerSettings):
     """Flags of `python -m drafter_service` (also `TLT_DRAFTER_*` variables; Redis: `TLT_REDIS_*`)."""
 
     model_config = _process_flags("TLT_DRAFTER_", "python -m drafter_service")
 
-    host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(50061, ge=1, le=65535, description="gRPC port")
-    auth_token: SecretStr | None = Field(
-        None, description="when set, every call must carry `authorization: Bearer <token>` metadata"
-    )
     lease_ttl_s: int = Field(30, ge=1, le=3600, description="default lifetime of a spot-training lease")
     keep_versions: int = Field(5, ge=1, le=1000, description="drafter versions kept in Redis")
     max_message_bytes: int = Field(
@@ -325,16 +329,12 @@ class SpotWorkerSettings(BaseSettings):
     )
 
 
-class TrainerSettings(ServerTlsSettings):
+class TrainerSettings(GrpcServerSettings):
     """Flags of `python -m trainer` (also `TLT_TRAINER_*` variables; Redis: `TLT_REDIS_*`)."""
 
     model_config = _process_flags("TLT_TRAINER_", "python -m trainer")
 
-    host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(50051, ge=1, le=65535, description="gRPC port of the job API")
-    auth_token: SecretStr | None = Field(
-        None, description="when set, every call must carry `authorization: Bearer <token>` metadata"
-    )
     rollout_servers: list[str] = Field(
         default_factory=list, description="base URLs of the rollout servers (static discovery), e.g. http://10.0.0.5:30000"
     )

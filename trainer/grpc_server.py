@@ -76,10 +76,5 @@ def build_server(settings: TrainerSettings, store: JobStore, runner: JobRunner) 
     return build_grpc_server(
         SERVICE_NAME,
         lambda server: jobs_pb2_grpc.add_JobServiceServicer_to_server(servicer, server),
-        settings.host,
-        settings.port,
-        settings.workers,
-        settings.max_message_bytes,
-        settings.auth_token,
-        settings.tls(),
+        settings,
     )
