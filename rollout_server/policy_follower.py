@@ -10,16 +10,15 @@ from __future__ import annotations
 import logging
 import shutil
 import signal
-import sys
 import threading
 from pathlib import Path
 
 import requests
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from pydantic_settings import CliApp
+from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
 
-from tlt.settings import PolicyFollowerSettings, RedisSettings
+from tlt.rollout_client import load_weights_from_disk
+from tlt.settings import PolicyFollowerSettings, service_start
 from tlt.weight_channel import POLICY_VERSION_KEY, BadBlob, WeightChannel, WeightManifest
 
 logger = logging.getLogger(__name__)
@@ -54,10 +53,8 @@ class PolicyFollower:
             self.state.rejected.append(version)
             return False
         path = self._write(manifest, blob)
-        body = {"model_path": str(path), "weight_version": policy_version}
-        answer = requests.post(f"{self.settings.server_url}/update_weights_from_disk", json=body, timeout=600)
-        if answer.status_code != 200 or not answer.json().get("success", False):
-            logger.error("server refused policy v%s: %s", policy_version, answer.text[:500])
+        if (refusal := load_weights_from_disk(self.settings.server_url, str(path), policy_version)) is not None:
+            logger.error("server refused policy v%s: %s", policy_version, refusal)
             self.state.rejected.append(version)
             return False
         self.state.applied = version
@@ -106,12 +103,8 @@ class PolicyFollower:
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        settings = CliApp.run(PolicyFollowerSettings, cli_args=sys.argv[1:] if argv is None else argv)
-    except ValidationError as err:
-        sys.exit(f"policy_follower: invalid settings:\n{err}")
-    channel = WeightChannel(RedisSettings().client(), settings.job_id, "policy", max_bytes=settings.max_bytes)
+    settings, client = service_start(PolicyFollowerSettings, "policy_follower", argv)
+    channel = WeightChannel(client, settings.job_id, "policy", max_bytes=settings.max_bytes)
     follower = PolicyFollower(settings, channel)
     signal.signal(signal.SIGTERM, lambda *_: follower.stop())
     follower.run_forever()

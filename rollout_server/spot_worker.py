@@ -35,6 +35,7 @@ from rollout_server.server_features import ServerFeatures
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
+from tlt.rollout_client import model_info
 from tlt.samples_stream import SamplesStream
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
@@ -91,7 +92,7 @@ class SliceResult:
 
 def served_model_path(server_url: str) -> str:
     """The checkpoint the SGLang server serves now (moved by `/update_weights_from_disk`)."""
-    return requests.get(f"{server_url}/model_info", timeout=5).json().get("model_path", "")
+    return model_info(server_url).get("model_path", "")
 
 
 def server_busy(server_url: str) -> bool:

@@ -82,3 +82,21 @@ def parse_completion(item: dict[str, Any]) -> Completion:
         spec_accepted_drafts=meta.get("spec_num_correct_drafts") or 0,
         weight_version=meta.get("weight_version"),
     )
+
+
+def model_info(base_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    """SGLang's `/model_info`: the checkpoint the server serves (`model_path`, moved by weight
+    updates) and its `weight_version`."""
+    answer = requests.get(f"{base_url}/model_info", timeout=timeout_s)
+    answer.raise_for_status()
+    return answer.json()
+
+
+def load_weights_from_disk(base_url: str, model_path: str, weight_version: str, timeout_s: float = 600.0) -> str | None:
+    """Have the server load an HF checkpoint tagged `weight_version`: None when it did, else its
+    answer (why not). Raises requests.RequestException when the server cannot be reached."""
+    body = {"model_path": model_path, "weight_version": weight_version}
+    answer = requests.post(f"{base_url}/update_weights_from_disk", json=body, timeout=timeout_s)
+    if answer.status_code == 200 and answer.json().get("success", False):
+        return None
+    return answer.text[:500]

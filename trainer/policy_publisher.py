@@ -21,6 +21,7 @@ from pathlib import Path
 import requests
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.rollout_client import load_weights_from_disk, model_info
 from tlt.weight_channel import POLICY_VERSION_KEY, WeightChannel
 
 
@@ -30,9 +31,7 @@ class PublishFailed(RuntimeError):
 
 def served_version(url: str) -> str | None:
     """The policy version the server says it serves (SGLang's weight_version)."""
-    answer = requests.get(f"{url}/model_info", timeout=5)
-    answer.raise_for_status()
-    return answer.json().get("weight_version")
+    return model_info(url).get("weight_version")
 
 
 class DiskPolicyPublisher:
@@ -63,11 +62,9 @@ class DiskPolicyPublisher:
         """Have every server load the checkpoint; PublishFailed names the servers that did not."""
         failed = []
         for url in servers:
-            body = {"model_path": location, "weight_version": str(version)}
             try:
-                answer = requests.post(f"{url}/update_weights_from_disk", json=body, timeout=self.timeout_s)
-                if answer.status_code != 200 or not answer.json().get("success", False):
-                    failed.append(f"{url}: {answer.text[:300]}")
+                if (refusal := load_weights_from_disk(url, location, str(version), self.timeout_s)) is not None:
+                    failed.append(f"{url}: {refusal[:300]}")
             except requests.RequestException as err:
                 failed.append(f"{url}: {err}")
         if failed:
