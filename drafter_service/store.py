@@ -31,6 +31,14 @@ if not v or cjson.decode(v)['lease_id'] ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1
 """
+# A worker runs one slice at a time: a live lease in its own name is a killed incarnation's, and
+# the restarted worker takes it over instead of waiting out its TTL.
+_GRANT = """
+local v = redis.call('GET', KEYS[1])
+if v and cjson.decode(v)['worker_id'] ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
 _CLAIM = """
 local v = redis.call('GET', KEYS[1])
 if not v or cjson.decode(v)['lease_id'] ~= ARGV[1] then return false end
@@ -96,6 +104,7 @@ class DrafterStore:
 
     def __init__(self, client: redis.Redis, keep_versions: int = 5, lease_ttl_s: int = 30) -> None:
         self.client, self.keep_versions, self.lease_ttl_s = client, keep_versions, lease_ttl_s
+        self._grant = client.register_script(_GRANT)
         self._renew = client.register_script(_RENEW)
         self._claim = client.register_script(_CLAIM)
 
@@ -158,7 +167,7 @@ class DrafterStore:
             base_version=base,
             expires_at=time.time() + ttl,
         )
-        if not self.client.set(self._key(request.job_id, "lease"), lease.model_dump_json(), nx=True, px=ttl * 1000):
+        if not self._grant(keys=[self._key(request.job_id, "lease")], args=[request.worker_id, lease.model_dump_json(), ttl * 1000]):
             raise FailedPrecondition(f"job {request.job_id}'s drafter is leased to another worker")
         return lease
 

@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from safetensors.torch import save as save_blob
 from transformers import AutoModelForCausalLM
 
-from rollout_server.memory_handoff import MemoryHandOff, memory_saver_enabled
+from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff, memory_saver_enabled, recover_hand_off
 from rollout_server.server_features import ServerFeatures
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import split_held_out, train_round, usable_sequences
@@ -290,9 +290,11 @@ def main(argv: list[str] | None = None) -> None:
         min_new_samples=settings.min_new_samples,
         training=spot_training(settings.epochs, settings.lr),
     )
+    marker = HandOffMarker(client, settings.job_id, settings.worker_id)
+    recover_hand_off(settings.server_url, marker)
     hand_off: Callable[[], AbstractContextManager] = nullcontext
     if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):
-        hand_off = functools.partial(MemoryHandOff, settings.server_url)
+        hand_off = functools.partial(MemoryHandOff, settings.server_url, marker=marker)
     with client_channel(settings.drafter_service, settings.tls_ca_file) as channel:
         worker = SpotWorker(
             config,

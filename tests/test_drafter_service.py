@@ -113,6 +113,20 @@ def test_expired_released_and_superseded_leases_cannot_commit(stub) -> None:
     assert stub.GetDrafter(pb.DrafterRef(job_id=job), metadata=AUTH).latest_version == 1
 
 
+def test_a_restarted_worker_takes_over_its_own_lease_but_not_anothers(stub) -> None:
+    job = _job()
+    _register(stub, job)
+    dead = stub.Lease(pb.LeaseRequest(job_id=job, worker_id="pod-a"), metadata=AUTH)  # then killed -9
+    other = pb.LeaseRequest(job_id=job, worker_id="pod-b")
+    assert _code(lambda: stub.Lease(other, metadata=AUTH)) == grpc.StatusCode.FAILED_PRECONDITION
+    restarted = stub.Lease(pb.LeaseRequest(job_id=job, worker_id="pod-a"), metadata=AUTH)
+    assert restarted.lease_id != dead.lease_id
+    stale = pb.CommitRequest(lease_id=dead.lease_id, job_id=job, weights=_weights(2.0))
+    assert _code(lambda: stub.Commit(stale, metadata=AUTH)) == grpc.StatusCode.FAILED_PRECONDITION
+    fresh = pb.CommitRequest(lease_id=restarted.lease_id, job_id=job, weights=_weights(2.0))
+    assert stub.Commit(fresh, metadata=AUTH).version == 2
+
+
 def test_commit_must_fit_the_drafter(stub) -> None:
     job = _job()
     _register(stub, job)

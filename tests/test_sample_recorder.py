@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from rollout_server.sample_recorder import SampleRecorder
+from tlt.redis_server import EmbeddedRedis
 from tlt.samples_stream import SamplesStream
 from tlt.settings import RedisSettings
 
@@ -45,7 +46,25 @@ def test_finished_requests_are_recorded_once_and_aborted_ones_not(redis_server) 
     assert [(r.prompt_ids, r.output_ids) for _, r in stream.read()] == [([5, 6], [7, 1]), ([5], [8])]
 
 
-def test_a_redis_outage_loses_samples_but_never_raises() -> None:
+def test_samples_finished_while_redis_is_down_reach_it_once_it_is_back(tmp_path) -> None:
+    redis_server = EmbeddedRedis(data_dir=tmp_path / "redis", log_path=tmp_path / "redis.log").start()
+    try:
+        client = RedisSettings(url=redis_server.settings.url, password=redis_server.password, socket_timeout_s=2).client()
+        stream = SamplesStream(client, "job")
+        recorder = SampleRecorder(stream, retry_s=0.0)
+        assert recorder.record_finished([FakeReq("a", [5], [6])]) == 1
+        redis_server.kill()
+        assert recorder.record_finished([FakeReq("b", [5], [7])]) == 0  # never raises into the scheduler
+        assert recorder.record_finished([FakeReq("c", [5], [8]), FakeReq("b", [5], [7])]) == 0
+        redis_server.start()
+        assert recorder.record_finished([FakeReq("d", [5], [9])]) == 3
+        assert [r.output_ids for _, r in stream.read()] == [[6], [7], [8], [9]]
+    finally:
+        redis_server.stop()
+
+
+def test_the_buffer_is_bounded_and_keeps_the_newest() -> None:
     unreachable = RedisSettings(url="redis://127.0.0.1:1/0", socket_timeout_s=0.5).client()
-    recorder = SampleRecorder(SamplesStream(unreachable, "job"))
-    assert recorder.record_finished([FakeReq("a", [5], [6])]) == 0
+    recorder = SampleRecorder(SamplesStream(unreachable, "job"), max_pending=2, retry_s=3600)
+    assert recorder.record_finished([FakeReq(rid, [5], [n]) for n, rid in enumerate("abc")]) == 0
+    assert [r.output_ids for r in recorder._pending] == [[1], [2]]

@@ -1,10 +1,14 @@
 """The spot worker with a real rollout server, drafter service and Redis: an idle-time slice
 trains a fresh drafter on the job's samples (features from the server's hidden states) and commits
 a better version; a request arriving at the server preempts a slice within one training micro-step
-and the lease is given back, also while the worker holds the server paused (memory hand-off)."""
+and the lease is given back, also while the worker holds the server paused (memory hand-off);
+a worker killed during a hand-off leaves a note its successor undoes."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -17,7 +21,7 @@ import requests
 import torch
 from transformers import AutoTokenizer
 
-from rollout_server.memory_handoff import MemoryHandOff
+from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff, recover_hand_off
 from rollout_server.server_features import ServerFeatures
 from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, served_model_path, server_busy
 from tlt.drafter.training import DrafterTrainingConfig, policy_features
@@ -178,3 +182,28 @@ def test_the_worker_follows_the_policy_the_server_serves(setup, tmp_path) -> Non
         worker.policy_source = None
         body = {"model_path": str(BUNDLED_MODEL), "weight_version": "0"}
         requests.post(f"{server.url}/update_weights_from_disk", json=body, timeout=60).raise_for_status()
+
+
+def test_a_worker_killed_while_its_server_is_paused_is_undone_by_its_successor(setup, redis_server) -> None:
+    server, _ = setup
+    marker_args = (JOB, "pod-killed")
+    holder = subprocess.Popen(  # a worker inside a hand-off, killed -9 there
+        [sys.executable, "-c", (
+            "import sys, time; from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff; "
+            "from tlt.settings import RedisSettings; "
+            f"MemoryHandOff({server.url!r}, release=False, marker=HandOffMarker(RedisSettings().client(), *{marker_args!r})).__enter__(); "
+            "print('paused', flush=True); time.sleep(600)"
+        )],
+        stdout=subprocess.PIPE, env={**os.environ, **redis_server.client_env()},
+    )  # fmt: skip
+    assert holder.stdout.readline().strip() == b"paused"
+    holder.kill()
+    holder.wait()
+    payload = {"input_ids": [5, 6, 0, 3, 6, 11], "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}}
+    with pytest.raises(requests.Timeout):  # left paused: the request waits
+        requests.post(f"{server.url}/generate", json=payload, timeout=3)
+    marker = HandOffMarker(redis_server.settings.client(), *marker_args)
+    assert recover_hand_off(server.url, marker) == "paused"
+    answer = requests.post(f"{server.url}/generate", json=payload, timeout=60)
+    assert answer.status_code == 200 and len(answer.json()["output_ids"]) == 8
+    assert marker.get() is None and recover_hand_off(server.url, marker) is None

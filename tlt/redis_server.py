@@ -30,8 +30,9 @@ def redis_server_binary() -> Path:
 class EmbeddedRedis:
     """A `redis-server` child process on 127.0.0.1, password-protected by default.
 
-    With `data_dir` it persists (append-only file, fsync every second) and a restart on the same
-    directory recovers the data; without, it keeps everything in memory only.
+    With `data_dir` it persists (append-only file, fsync before each write is acknowledged, so a
+    kill -9 loses nothing a client was told is written) and a restart on the same directory
+    recovers the data; without, it keeps everything in memory only.
     """
 
     def __init__(
@@ -65,7 +66,7 @@ class EmbeddedRedis:
         argv += ["--save", "", "--protected-mode", "yes", "--loglevel", "warning"]
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            argv += ["--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", "everysec"]
+            argv += ["--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", "always"]
         else:
             argv += ["--appendonly", "no"]
         if self.password:

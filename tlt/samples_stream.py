@@ -44,8 +44,8 @@ class SamplesStream:
         return entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     def add_many(self, records: list[SampleRecord]) -> None:
-        """Append several samples in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
+        """Append several samples in one round trip, all or none (MULTI/EXEC)."""
+        pipe = self.client.pipeline(transaction=True)
         for record in records:
             pipe.xadd(self.key, {"sample": record.model_dump_json()}, maxlen=self.maxlen, approximate=True)
         pipe.execute()

@@ -55,8 +55,9 @@ def checkpoints(root: Path) -> list[Path]:
     return [p for p in root.glob("step-*") if (p / STATE_FILE).exists() and (p / TENSORS_FILE).exists()]
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    found = checkpoints(root)
+def latest_checkpoint(root: Path, at_most: int | None = None) -> Path | None:
+    """The newest complete checkpoint, or the newest whose next step is at most `at_most`."""
+    found = [p for p in checkpoints(root) if at_most is None or _step_of(p) <= at_most]
     return max(found, key=_step_of) if found else None
 
 

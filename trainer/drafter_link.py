@@ -1,5 +1,6 @@
-"""The trainer's side of the drafter service: register a job's drafter when the job starts, read its
-newest version for the step metrics."""
+"""The trainer's side of the drafter service: register a job's drafter when the job starts. (Its
+newest version, for the step metrics, is read from the drafter weight channel in Redis, so a
+restarting drafter service never holds up a step.)"""
 
 from __future__ import annotations
 
@@ -25,11 +26,8 @@ class DrafterLink:
         request = pb.RegisterDrafterRequest(
             job_id=spec.name, policy_path=str(spec.model_path), base_drafter_path=str(spec.drafter_path or "")
         )
-        return self._stub.RegisterDrafter(request, metadata=self._metadata, timeout=self._timeout_s).latest_version
-
-    def latest_version(self, job_id: str) -> int:
-        info = self._stub.GetDrafter(pb.DrafterRef(job_id=job_id), metadata=self._metadata, timeout=self._timeout_s)
-        return info.latest_version
+        answer = self._stub.RegisterDrafter(request, metadata=self._metadata, timeout=self._timeout_s, wait_for_ready=True)
+        return answer.latest_version
 
     def close(self) -> None:
         self._channel.close()

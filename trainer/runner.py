@@ -125,7 +125,9 @@ class JobRunner:
             self.store.transition(record, JobState.CANCELLED, "cancelled before it started")
             return
         root = self.settings.runs_dir / job
-        checkpoint = latest_checkpoint(root / "checkpoints")
+        # The record is the truth: a checkpoint written just before a crash (or a Redis outage) lost
+        # the step's record is redone, so every step is recorded exactly once.
+        checkpoint = latest_checkpoint(root / "checkpoints", at_most=record.steps_done)
         if record.state == JobState.RUNNING:  # interrupted: this is a resumption
             record.resumed += 1
         barrier = VersionBarrier(self._publisher(job, root))
@@ -170,7 +172,7 @@ class JobRunner:
             started = time.monotonic()
             metrics = trainer.step(step)
             if self.drafter is not None:
-                metrics.drafter_version = self.drafter.latest_version(job)
+                metrics.drafter_version = WeightChannel(self.store.client, job, "drafter").latest_version() or 0
             if spec.eval_every and ((step + 1) % spec.eval_every == 0 or step + 1 == spec.steps):
                 metrics.eval_accuracy = trainer.evaluate(spec.eval_problems, temperature=spec.temperature)
             metrics.step_s = time.monotonic() - started
