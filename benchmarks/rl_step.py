@@ -1,11 +1,13 @@
-"""Whole RL steps of the bundled job with TLT (adaptive SD, drafter retrained by spot workers) and
-with speculation off (same system, same seeds), one after the other in one run, each on a fresh local
-cluster (`tlt run`'s processes).
+"""Whole RL steps of the bundled job with TLT (adaptive SD, drafter retrained by spot workers), with
+speculation off (same system, same seeds), each on a fresh local cluster (`tlt run`'s processes),
+and with TRL's `GRPOTrainer` (`benchmarks.trl_grpo`: same model, task, prompts, batch, samples per
+prompt, max length and loss), one after the other in one run.
 
-    python -m benchmarks.rl_step [--quick] [--steps N]
+    python -m benchmarks.rl_step [--quick] [--steps N] [--no-trl]
 
-Reports per-step time by phase and reward for both, the ratio of mean step and rollout times
-(SD off / TLT), and plots step times and both reward curves side by side.
+Reports per-step time by phase and reward for each, the ratios of mean step times (SD off / TLT,
+TRL / TLT), the learning-parity tests (`benchmarks.parity`) and plots step times and the reward
+curves side by side.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import typer
 from matplotlib.figure import Figure
 
 from benchmarks.common import RESULTS, write_json
+from benchmarks.parity import reward_parity
+from benchmarks.trl_grpo import run_trl
 from tlt.job_spec import JobSpec
 from tlt.jobs import StepMetrics
 from tlt.local_cluster import ClusterConfig
 from tlt.local_run import LocalRun, run_job_locally
 from tlt.paths import BUNDLED_JOB
 
+TRL = "TRL GRPOTrainer (transformers generate)"
 MODES = {
     "TLT (adaptive SD + spot-trained drafter)": ClusterConfig(speculative="adaptive", spot_training=True),
     "SD off": ClusterConfig(speculative="off", spot_training=False),
@@ -52,7 +57,7 @@ def _summary(run: LocalRun) -> dict:
     }
 
 
-def _plot(results: dict[str, dict], out: Path) -> None:
+def _plot(results: dict[str, dict], trl: dict | None, out: Path) -> None:
     fig = Figure(figsize=(15, 4.2))
     ax_step, ax_rollout, ax_reward = fig.subplots(1, 3)
     for mode, data in results.items():
@@ -69,7 +74,10 @@ def _plot(results: dict[str, dict], out: Path) -> None:
             ax_reward.plot(*zip(*evals, strict=True), marker="s", ls=":", label=f"{mode}: held-out")
     ax_step.set(xlabel="step", ylabel="seconds", title="RL step (rollout + update + publish)")
     ax_rollout.set(xlabel="step", ylabel="seconds", title="rollout and its tail")
-    ax_reward.set(xlabel="step", ylabel="reward / accuracy", title="learning (same seeds)")
+    if trl is not None:
+        ax_step.plot(range(len(trl["step_s"])), trl["step_s"], marker="^", label=TRL)
+        ax_reward.plot(range(len(trl["rewards"])), trl["rewards"], marker="^", label=f"{TRL}: training reward")
+    ax_reward.set(xlabel="step", ylabel="reward / accuracy", title="learning (same prompts and seeds)")
     for ax in (ax_step, ax_rollout, ax_reward):
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -80,6 +88,7 @@ def main(
     quick: Annotated[bool, typer.Option(help="2 steps of 8 prompts on one server: checks the benchmark runs")] = False,
     steps: Annotated[int | None, typer.Option(min=1, help="RL steps per mode [default: the bundled job's]")] = None,
     servers: Annotated[int, typer.Option(min=1, max=8)] = 2,
+    trl: Annotated[bool, typer.Option(help="also run the job with TRL's GRPOTrainer")] = True,
 ) -> None:
     spec = JobSpec.from_yaml(BUNDLED_JOB)
     update: dict = {"steps": steps or spec.steps}
@@ -96,7 +105,13 @@ def main(
                 raise SystemExit(f"{mode}: the job ended {run.state}: {run.message} (logs: {run.run_dir / 'logs'})")
             results[mode] = _summary(run)
             print(f"[{mode}] {results[mode]['mean_step_s']:.2f} s per step", flush=True)
+        trl_result = None
+        if trl:
+            print(f"[{TRL}] training", flush=True)
+            trl_result = run_trl(spec.model_copy(update={**update, "name": "rl-step-trl"}), Path(tmp) / "trl")
+            print(f"[{TRL}] {trl_result['mean_step_s']:.2f} s per step", flush=True)
     tlt, off = results.values()
+    tlt_rewards = [s["reward_mean"] for s in tlt["steps"]]
     data = {
         "job": {**spec.model_dump(mode="json"), **update},
         "servers": servers,
@@ -105,13 +120,20 @@ def main(
         "rollout_time_ratio_off_over_tlt": off["mean_rollout_s"] / tlt["mean_rollout_s"],
         "tail_time_ratio_off_over_tlt": off["mean_tail_s"] / tlt["mean_tail_s"],
         "rollout_rate_ratio_tlt_over_off": tlt["rollout_tokens_per_s"] / off["rollout_tokens_per_s"],
+        "parity_tlt_vs_off": reward_parity(tlt_rewards, [s["reward_mean"] for s in off["steps"]]),
     }
+    if trl_result is not None:
+        data["trl"] = trl_result
+        data["step_time_ratio_trl_over_tlt"] = trl_result["mean_step_s"] / tlt["mean_step_s"]
+        data["parity_tlt_vs_trl"] = reward_parity(tlt_rewards, trl_result["rewards"])
     name = "rl_step_quick" if quick else "rl_step"
     path = write_json(name, data)
-    _plot(results, RESULTS / f"{name}.png")
+    _plot(results, trl_result, RESULTS / f"{name}.png")
+    versus_trl = f", {data['step_time_ratio_trl_over_tlt']:.2f}x faster per step than TRL" if trl_result else ""
     print(
         f"step {data['step_time_ratio_off_over_tlt']:.2f}x, rollout {data['rollout_time_ratio_off_over_tlt']:.2f}x, "
-        f"tail {data['tail_time_ratio_off_over_tlt']:.2f}x faster with TLT; {path}"
+        f"tail {data['tail_time_ratio_off_over_tlt']:.2f}x faster with TLT than SD off{versus_trl}; "
+        f"reward parity with SD off: p={data['parity_tlt_vs_off']['wilcoxon_p']:.2f}; {path}"
     )
 
 

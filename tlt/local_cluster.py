@@ -32,8 +32,10 @@ class ClusterConfig:
     spot_training: bool = True  # spot workers train the job's drafter on idle servers
     redis_url: str | None = None  # external Redis; none: an embedded one
     redis_password: str | None = None
+    redis_data_dir: Path | None = None  # the embedded Redis persists here (append-only file); none: memory only
     trainer_threads: int = 1
     policy_channel: PolicyChannel = "disk"  # redis: a policy follower beside each server
+    spot_worker_args: tuple[str, ...] = ()  # extra flags of every spot worker (e.g. --idle-grace-s 0.2)
 
 
 class LocalCluster:
@@ -48,6 +50,7 @@ class LocalCluster:
             raise ValueError("speculation needs the job's drafter_path (the servers' first drafter)")
         self.redis: EmbeddedRedis | None = None
         self.rollout_servers: list[RolloutServerProcess] = []
+        self.spot_workers: list[SpotWorkerProcess] = []
         self.processes: list[ServiceProcess] = []
         self.drafter_service: GrpcServiceProcess | None = None
         self.trainer: GrpcServiceProcess | None = None
@@ -73,7 +76,7 @@ class LocalCluster:
         job, config = self.spec.name, self.config
         if config.redis_url is None:
             on_phase("starting Redis")
-            self.redis = EmbeddedRedis(log_path=self.logs / "redis.log").start()
+            self.redis = EmbeddedRedis(data_dir=config.redis_data_dir, log_path=self.logs / "redis.log").start()
         else:
             RedisSettings(url=config.redis_url, password=config.redis_password).client().ping()
         env = self._redis_env()
@@ -98,9 +101,10 @@ class LocalCluster:
             for n, server in enumerate(self.rollout_servers):
                 worker_args = [
                     "--server-url", server.url, "--drafter-service", self.drafter_service.target, "--job-id", job,
-                    "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path),
+                    "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path), *config.spot_worker_args,
                 ]  # fmt: skip
-                self.processes.append(SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=env).start(60))
+                self.spot_workers.append(SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=env).start(60))
+            self.processes += self.spot_workers
         if config.policy_channel == "redis":
             on_phase("starting the policy followers")
             for n, server in enumerate(self.rollout_servers):

@@ -82,15 +82,20 @@ class JobStore:
         if state.terminal:
             record.finished_at = now
             self.client.delete(_cancel_key(record.job_id))
-        self.save(record)
         event = JobEvent(job_id=record.job_id, time=now, state=state, message=message, steps_done=record.steps_done)
         event.eval_accuracy = eval_accuracy
-        self.event(event)
+        self._save_with_event(record, event)
 
     def step_done(self, record: JobRecord, metrics: StepMetrics, checkpoint: str) -> None:
         record.steps_done, record.last_step, record.checkpoint = metrics.step + 1, metrics, checkpoint
-        self.save(record)
-        self.event(JobEvent(job_id=record.job_id, time=time.time(), step=metrics))
+        self._save_with_event(record, JobEvent(job_id=record.job_id, time=time.time(), step=metrics))
+
+    def _save_with_event(self, record: JobRecord, event: JobEvent) -> None:
+        """The record and its event in one transaction: a crash leaves both or neither."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.set(_record_key(record.job_id), record.model_dump_json())
+            self._add_event(pipe, event)
+            pipe.execute()
 
     def request_cancel(self, job_id: str) -> JobRecord:
         """Cancel a job: a queued one at once, a running one at its runner's next check. Idempotent."""
@@ -119,8 +124,12 @@ class JobStore:
         return sorted(self.list(JobState.RUNNING, limit=self.max_jobs), key=lambda r: r.created_at)
 
     def event(self, event: JobEvent) -> None:
+        self._add_event(self.client, event)
+
+    @staticmethod
+    def _add_event(client: redis.Redis | redis.client.Pipeline, event: JobEvent) -> None:
         data = event.model_dump_json(exclude={"event_id"})
-        self.client.xadd(_events_key(event.job_id), {"event": data}, maxlen=EVENTS_MAXLEN, approximate=True)
+        client.xadd(_events_key(event.job_id), {"event": data}, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def events(self, job_id: str, after: str = "0-0", block_ms: int = 1000) -> list[JobEvent]:
         """The job's events after stream id `after`, waiting up to `block_ms` for the first."""
