@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-quick bench proto tiny-model model-stats clean helm
+.PHONY: install run test test-quick bench bench-quick proto tiny-model model-stats clean helm
 
 install: $(STAMP)
 
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements/sglang-cpu.txt requirements/lock.txt
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c requirements/lock.txt -r requirements/sglang-cpu.txt
 	$(PIP) install -q --no-deps -c requirements/lock.txt sglang==0.5.23
-	$(PIP) install -q -c requirements/lock.txt -e '.[test]'
+	$(PIP) install -q -c requirements/lock.txt -e '.[test,bench]'
 	touch $(STAMP)
 
 # gRPC stubs of proto/tlt/v1/*.proto into tlt/v1/ (committed; tests/test_proto_stubs.py fails when stale).
@@ -39,11 +39,16 @@ test-quick: install $(HELM)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -m "not slow"
 
+# Every benchmark, one after the other (never beside tests: they share the cores), then the summary
+# table (benchmarks/results/summary.md, also put into the README). bench-quick: smoke-sized runs.
+BENCHMARKS := engine_vs_hf long_tail_rollout spot_training rl_step
 bench: install
-	$(PY) -m benchmarks.engine_vs_hf
-	$(PY) -m benchmarks.long_tail_rollout
-	$(PY) -m benchmarks.spot_training
-	$(PY) -m benchmarks.rl_step
+	for b in $(BENCHMARKS); do $(PY) -m benchmarks.$$b || exit 1; done
+	$(PY) -m benchmarks.summary
+
+bench-quick: install
+	for b in $(BENCHMARKS); do $(PY) -m benchmarks.$$b --quick || exit 1; done
+	$(PY) -m benchmarks.summary --quick
 
 tiny-model: install
 	$(VENV)/bin/tlt make-tiny-model

@@ -76,4 +76,5 @@ class SampleRecorder:
 def recorder_from_env() -> SampleRecorder | None:
     """A recorder for the job the launcher named (TLT_REDIS_* settings), else None."""
     job = os.environ.get(SAMPLES_JOB_ENV)
-    return SampleRecorder(SamplesStream(RedisSettings().client(), job)) if job else None
+    # No retrying inside a call: the scheduler's loop calls it, and the recorder keeps what fails.
+    return SampleRecorder(SamplesStream(RedisSettings(retry_s=0).client(), job)) if job else None

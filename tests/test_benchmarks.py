@@ -40,12 +40,21 @@ def test_spot_training_quick_measures_both_configurations() -> None:
     assert data["batch_s_with_worker"] > 0 and data["batch_s_without_worker"] > 0
 
 
-def test_rl_step_quick_runs_both_modes_to_the_end() -> None:
+def test_rl_step_quick_runs_both_modes_and_trl_to_the_end() -> None:
     data = _run_quick("rl_step")
     assert list(data["modes"]) == ["TLT (adaptive SD + spot-trained drafter)", "SD off"]
     for mode in data["modes"].values():
         assert mode["state"] == "SUCCEEDED" and [s["step"] for s in mode["steps"]] == [0, 1]
+    assert data["trl"]["state"] == "SUCCEEDED" and len(data["trl"]["rewards"]) == len(data["trl"]["step_s"]) == 2
+    assert data["step_time_ratio_trl_over_tlt"] > 0 and data["parity_tlt_vs_off"]["steps"] == 2
     tlt, off = data["modes"].values()
     assert all(s["spec_accept_length"] > 1.0 for s in tlt["steps"]) and all(s["spec_accept_length"] == 0 for s in off["steps"])
     assert data["step_time_ratio_off_over_tlt"] > 0
     assert (RESULTS / "rl_step_quick.png").stat().st_size > 0
+
+
+def test_the_summary_table_has_the_quick_runs() -> None:
+    result = subprocess.run([sys.executable, "-m", "benchmarks.summary", "--quick"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    table = (RESULTS / "summary_quick.md").read_text()
+    assert "TLT vs TRL" in table and "learning parity" in table and "CPU cores" in table

@@ -49,7 +49,7 @@ def test_finished_requests_are_recorded_once_and_aborted_ones_not(redis_server) 
 def test_samples_finished_while_redis_is_down_reach_it_once_it_is_back(tmp_path) -> None:
     redis_server = EmbeddedRedis(data_dir=tmp_path / "redis", log_path=tmp_path / "redis.log").start()
     try:
-        client = RedisSettings(url=redis_server.settings.url, password=redis_server.password, socket_timeout_s=2).client()
+        client = RedisSettings(url=redis_server.settings.url, password=redis_server.password, retry_s=0).client()
         stream = SamplesStream(client, "job")
         recorder = SampleRecorder(stream, retry_s=0.0)
         assert recorder.record_finished([FakeReq("a", [5], [6])]) == 1
@@ -64,7 +64,7 @@ def test_samples_finished_while_redis_is_down_reach_it_once_it_is_back(tmp_path)
 
 
 def test_the_buffer_is_bounded_and_keeps_the_newest() -> None:
-    unreachable = RedisSettings(url="redis://127.0.0.1:1/0", socket_timeout_s=0.5).client()
+    unreachable = RedisSettings(url="redis://127.0.0.1:1/0", socket_timeout_s=0.5, retry_s=0).client()
     recorder = SampleRecorder(SamplesStream(unreachable, "job"), max_pending=2, retry_s=3600)
     assert recorder.record_finished([FakeReq(rid, [5], [n]) for n, rid in enumerate("abc")]) == 0
     assert [r.output_ids for r in recorder._pending] == [[1], [2]]

@@ -4,6 +4,7 @@ variables, then the defaults."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -209,6 +210,9 @@ class RolloutServerSettings(BaseSettings):
         return argv
 
 
+_RETRY_EVERY_S = 0.25
+
+
 class RedisSettings(BaseSettings):
     """How every TLT process reaches Redis (env `TLT_REDIS_URL`, `TLT_REDIS_PASSWORD`, ...)."""
 
@@ -218,6 +222,9 @@ class RedisSettings(BaseSettings):
     password: SecretStr | None = Field(None, description="AUTH password (kept out of the URL and logs)")
     tls_ca_file: Path | None = Field(None, description="CA bundle to verify the server with rediss://")
     socket_timeout_s: float = Field(30.0, gt=0, le=3600)
+    retry_s: float = Field(
+        10.0, ge=0, le=600, description="how long a call keeps retrying a lost connection (a Redis restarting); 0: fail at once"
+    )
 
     @field_validator("url")
     @classmethod
@@ -229,6 +236,8 @@ class RedisSettings(BaseSettings):
     def client(self) -> redis.Redis:
         """A redis-py client (bytes in, bytes out) for these settings."""
         import redis
+        from redis.backoff import ConstantBackoff
+        from redis.retry import Retry
 
         extra: dict[str, object] = {}
         if self.url.startswith("rediss://") and self.tls_ca_file is not None:
@@ -237,6 +246,9 @@ class RedisSettings(BaseSettings):
             self.url,
             password=self.password.get_secret_value() if self.password else None,
             socket_timeout=self.socket_timeout_s,
+            # A restarted Redis refuses connections, then answers LOADING while it reads its file.
+            retry=Retry(ConstantBackoff(_RETRY_EVERY_S), math.ceil(self.retry_s / _RETRY_EVERY_S)),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
             **extra,
         )
 
