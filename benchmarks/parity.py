@@ -25,7 +25,7 @@ def reward_parity(first: Sequence[float], second: Sequence[float]) -> dict:
     diffs = [a - b for a, b in zip(first[:n], second[:n], strict=True)]
     mean = statistics.fmean(diffs)
     spread = statistics.stdev(diffs)
-    half_width = stats.t.ppf(0.975, n - 1) * spread / math.sqrt(n)
+    half_width = float(stats.t.ppf(0.975, n - 1)) * spread / math.sqrt(n)
     # All-equal differences (identical runs) leave the signed-rank test nothing to rank.
     p_value = 1.0 if not any(diffs) else float(stats.wilcoxon(diffs).pvalue)
     return {

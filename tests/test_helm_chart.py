@@ -24,6 +24,7 @@ EVERY_FEATURE = {
     "trainer.sharedVolume.existingClaim": "tlt-shared",
     "rollout.nodeSelector.gpu": "h200",
     "imagePullSecrets[0].name": "registry",
+    "tls.secretName": "tlt-tls",
 }
 EXTERNAL_REDIS = {"redis.enabled": "false", "redis.external.url": "redis://redis.example:6379/0", "auth.existingSecret": "tlt-creds"}
 
@@ -164,6 +165,25 @@ def test_credentials_come_from_a_secret_never_from_plain_values() -> None:
             for env in container.get("env", []):
                 if any(word in env["name"] for word in ("PASSWORD", "TOKEN")):
                     assert "value" not in env and "secretKeyRef" in env["valueFrom"], env
+
+
+def test_tls_serves_both_grpc_services_and_their_clients_verify_with_the_ca() -> None:
+    objects = _render(EVERY_FEATURE)
+    settings = _one(objects, "ConfigMap", "-settings")["data"]
+    assert settings["TLT_DRAFTER_TLS_CERT_FILE"] == settings["TLT_TRAINER_TLS_CERT_FILE"] == "/etc/tlt/tls/tls.crt"
+    assert settings["TLT_TRAINER_DRAFTER_TLS_CA_FILE"] == settings["TLT_SPOT_TLS_CA_FILE"] == "/etc/tlt/tls/ca.crt"
+    mounted = {"-drafter": "drafter-service", "-trainer": "trainer", "-rollout": "spot-worker"}
+    for suffix, container in mounted.items():
+        pod = _one(objects, "Deployment", suffix)["spec"]["template"]["spec"]
+        assert {"name": "tls", "secret": {"secretName": "tlt-tls"}} in pod["volumes"]
+        mounts = {m["name"]: m for m in _containers(_one(objects, "Deployment", suffix))[container]["volumeMounts"]}
+        assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/tlt/tls", "readOnly": True}
+    for suffix, container in (("-drafter", "drafter-service"), ("-trainer", "trainer")):
+        probes = _containers(_one(objects, "Deployment", suffix))[container]
+        assert "tcpSocket" in probes["readinessProbe"] and "grpc" not in probes["livenessProbe"]  # kubelet's gRPC probe has no TLS
+    plain = _render()
+    assert not any(k.endswith(("TLS_CERT_FILE", "TLS_CA_FILE")) for k in _one(plain, "ConfigMap", "-settings")["data"])
+    assert "grpc" in _containers(_one(plain, "Deployment", "-drafter"))["drafter-service"]["readinessProbe"]
 
 
 def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:

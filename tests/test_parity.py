@@ -16,7 +16,7 @@ def _curve(seed: int, shift: float = 0.0, steps: int = 30) -> list[float]:
 
 def test_two_runs_of_one_distribution_are_equivalent() -> None:
     parity = reward_parity(_curve(1), _curve(2))
-    assert parity["wilcoxon_p"] > 0.01 and parity["equivalent"]
+    assert parity["wilcoxon_p"] > 0.01 and parity["equivalent"] is True
     assert parity["ci95"][0] < parity["mean_difference"] < parity["ci95"][1]
 
 

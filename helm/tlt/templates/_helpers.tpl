@@ -89,3 +89,32 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
+
+{{/* TLS (values tls.secretName): the Secret's files, where the settings point. */}}
+{{- define "tlt.tlsDir" -}}/etc/tlt/tls{{- end }}
+
+{{- define "tlt.tlsMount" -}}
+{{- if .Values.tls.secretName }}
+- {name: tls, mountPath: {{ include "tlt.tlsDir" . }}, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{- define "tlt.tlsVolume" -}}
+{{- if .Values.tls.secretName }}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.secretName }}
+{{- end }}
+{{- end }}
+
+{{/* Kubelet's gRPC probes cannot speak TLS: with TLS on, the probes check the port is open. */}}
+{{- define "tlt.grpcProbes" -}}
+{{- $check := ternary (dict "tcpSocket" (dict "port" .port)) (dict "grpc" (dict "port" .port)) (ne .ctx.Values.tls.secretName "") }}
+readinessProbe:
+  {{- toYaml $check | nindent 2 }}
+  periodSeconds: 10
+livenessProbe:
+  {{- toYaml $check | nindent 2 }}
+  periodSeconds: 20
+  failureThreshold: 6
+{{- end }}
