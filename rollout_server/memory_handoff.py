@@ -57,8 +57,7 @@ def recover_hand_off(server_url: str, marker: HandOffMarker) -> str | None:
     state = marker.get()
     if state is not None:
         logger.warning("spot worker: the server was left %s by a previous worker; giving it back", state)
-        hand_off = MemoryHandOff(server_url, release=state == "released", marker=marker)
-        hand_off.__exit__(None, None, None)
+        MemoryHandOff(server_url, release=state == "released", marker=marker).give_back()
     return state
 
 
@@ -91,6 +90,10 @@ class MemoryHandOff:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None) -> None:
+        self.give_back()
+
+    def give_back(self) -> None:
+        """Restore the KV cache (when released), continue generation, forget the note."""
         try:
             if self.release:
                 self._post("/resume_memory_occupation", {"tags": [KV_CACHE_TAG]})

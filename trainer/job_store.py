@@ -25,6 +25,12 @@ def _events_key(job_id: str) -> str:
     return f"tlt:{job_id}:events"
 
 
+def _add_event(pipe: redis.client.Pipeline, event: JobEvent) -> None:
+    """Append the event inside the caller's transaction, beside the change it reports."""
+    data = event.model_dump_json(exclude={"event_id"})
+    pipe.xadd(_events_key(event.job_id), {"event": data}, maxlen=EVENTS_MAXLEN, approximate=True)
+
+
 def _cancel_key(job_id: str) -> str:
     return f"tlt:{job_id}:cancel"
 
@@ -46,8 +52,8 @@ class JobStore:
         with self.client.pipeline() as pipe:
             pipe.zadd(INDEX, {spec.name: record.created_at})
             pipe.rpush(QUEUE, spec.name)
+            _add_event(pipe, JobEvent(job_id=spec.name, time=record.created_at, state=JobState.QUEUED, message="submitted"))
             pipe.execute()
-        self.event(JobEvent(job_id=spec.name, time=record.created_at, state=JobState.QUEUED, message="submitted"))
         return record
 
     def get(self, job_id: str) -> JobRecord:
@@ -70,9 +76,6 @@ class JobStore:
                     break
         return records
 
-    def save(self, record: JobRecord) -> None:
-        self.client.set(_record_key(record.job_id), record.model_dump_json())
-
     def transition(self, record: JobRecord, state: JobState, message: str = "", eval_accuracy: float = -1.0) -> None:
         """Move a job to `state`, persist it and append the state change to its events."""
         now = time.time()
@@ -94,7 +97,7 @@ class JobStore:
         """The record and its event in one transaction: a crash leaves both or neither."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.set(_record_key(record.job_id), record.model_dump_json())
-            self._add_event(pipe, event)
+            _add_event(pipe, event)
             pipe.execute()
 
     def request_cancel(self, job_id: str) -> JobRecord:
@@ -122,14 +125,6 @@ class JobStore:
             if self.client.lpos(QUEUE, record.job_id) is None:
                 self.client.lpush(QUEUE, record.job_id)
         return sorted(self.list(JobState.RUNNING, limit=self.max_jobs), key=lambda r: r.created_at)
-
-    def event(self, event: JobEvent) -> None:
-        self._add_event(self.client, event)
-
-    @staticmethod
-    def _add_event(client: redis.Redis | redis.client.Pipeline, event: JobEvent) -> None:
-        data = event.model_dump_json(exclude={"event_id"})
-        client.xadd(_events_key(event.job_id), {"event": data}, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def events(self, job_id: str, after: str = "0-0", block_ms: int = 1000) -> list[JobEvent]:
         """The job's events after stream id `after`, waiting up to `block_ms` for the first."""
