@@ -21,11 +21,11 @@ import typer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.common import RESULTS, write_json
-from tlt.evaluation import response_length
+from tlt.local.process import RolloutServerProcess
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_MODEL
-from tlt.rollout_client import SamplingParams
-from tlt.server_process import RolloutServerProcess
+from tlt.rollout.client import SamplingParams
+from tlt.rollout.evaluation import response_length
 from tlt.tasks import GcdTask
 
 

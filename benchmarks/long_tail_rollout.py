@@ -27,11 +27,11 @@ import typer
 from transformers import AutoTokenizer
 
 from benchmarks.common import RESULTS, write_json
-from tlt.evaluation import rollout_with_server
+from tlt.local.process import RolloutServerProcess
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.rollout_client import SamplingParams
-from tlt.server_process import RolloutServerProcess
-from tlt.stats import tail_time_share
+from tlt.rollout.client import SamplingParams
+from tlt.rollout.evaluation import rollout_with_server
+from tlt.rollout.stats import tail_time_share
 from tlt.tasks import GcdTask
 
 MODES = {

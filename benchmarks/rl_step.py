@@ -23,10 +23,10 @@ from matplotlib.figure import Figure
 from benchmarks.common import RESULTS, write_json
 from benchmarks.parity import reward_parity
 from benchmarks.trl_grpo import run_trl
-from tlt.job_spec import JobSpec
-from tlt.jobs import StepMetrics
-from tlt.local_cluster import ClusterConfig
-from tlt.local_run import LocalRun, run_job_locally
+from tlt.jobs.records import StepMetrics
+from tlt.jobs.spec import JobSpec
+from tlt.local.cluster import ClusterConfig
+from tlt.local.run import LocalRun, run_job_locally
 from tlt.paths import BUNDLED_JOB
 
 TRL = "TRL GRPOTrainer (transformers generate)"

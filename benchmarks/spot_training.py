@@ -31,15 +31,16 @@ from transformers import AutoTokenizer
 
 from benchmarks.common import RESULTS, write_json
 from rollout_server.server_features import ServerFeatures
-from rollout_server.spot_worker import SliceResult, SpotWorker, SpotWorkerConfig, server_busy, spot_training
+from rollout_server.spot_worker import SliceResult, SpotWorker, SpotWorkerConfig, spot_training
+from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
+from tlt.local.redis_server import EmbeddedRedis
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.redis_server import EmbeddedRedis
-from tlt.samples_stream import SamplesStream
-from tlt.server_process import GrpcServiceProcess, RolloutServerProcess
+from tlt.rollout.client import server_load
+from tlt.store.samples_stream import SamplesStream
+from tlt.store.weight_channel import WeightChannel
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
-from tlt.weight_channel import WeightChannel
 
 
 def _round(server: RolloutServerProcess, prompts: list[list[int]], seed: int) -> tuple[float, float]:
@@ -89,7 +90,7 @@ def main(
                 WeightChannel(client, job, "drafter"),
                 SamplesStream(client, job),
                 stub,
-                lambda: server_busy(server.url),
+                lambda: server_load(server.url) > 0,
                 features=ServerFeatures(server.url).many,
             )
             _round(server, batches[0][:8], seed)  # first-request costs and some samples out of the way

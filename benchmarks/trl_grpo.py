@@ -24,7 +24,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from benchmarks.common import write_json
-from tlt.job_spec import JobSpec
+from tlt.jobs.spec import JobSpec
 from tlt.paths import BUNDLED_JOB
 from tlt.tasks import GcdTask
 

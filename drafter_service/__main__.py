@@ -9,7 +9,8 @@ import torch
 
 from drafter_service.grpc_server import build_server
 from drafter_service.store import DrafterStore
-from tlt.settings import DrafterServiceSettings, service_start
+from tlt.settings.common import service_start
+from tlt.settings.drafter_service import DrafterServiceSettings
 
 
 def main(argv: list[str] | None = None) -> None:

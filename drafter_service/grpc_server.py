@@ -10,11 +10,11 @@ import grpc
 
 from drafter_service.store import DrafterInfo, DrafterStore, Lease
 from drafter_service.warmup import Warmup
-from tlt import drafter_api as api
-from tlt.grpc_service import build_grpc_server, call, message_fields, validated
-from tlt.settings import DrafterServiceSettings
+from tlt.rpc import drafter_api as api
+from tlt.rpc.service import build_grpc_server, call, message_fields, validated
+from tlt.settings.drafter_service import DrafterServiceSettings
+from tlt.store.weight_channel import BadBlob, CommitConflict
 from tlt.v1 import drafter_pb2, drafter_pb2_grpc
-from tlt.weight_channel import BadBlob, CommitConflict
 
 logger = logging.getLogger(__name__)
 SERVICE_NAME = drafter_pb2.DESCRIPTOR.services_by_name["DrafterService"].full_name

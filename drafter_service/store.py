@@ -19,9 +19,9 @@ import torch
 from pydantic import BaseModel
 from safetensors.torch import load_file
 
-from tlt import drafter_api as api
-from tlt.service_errors import AlreadyExists, FailedPrecondition, NotFound
-from tlt.weight_channel import BadBlob, CommitConflict, WeightChannel, safetensors_index
+from tlt.rpc import drafter_api as api
+from tlt.rpc.errors import AlreadyExists, FailedPrecondition, NotFound
+from tlt.store.weight_channel import BadBlob, CommitConflict, WeightChannel, safetensors_index
 
 EXPORT_PIECE_BYTES = 1024 * 1024
 

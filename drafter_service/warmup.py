@@ -19,12 +19,12 @@ from safetensors.torch import save as save_blob
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from drafter_service.store import DrafterStore
-from tlt import drafter_api as api
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
-from tlt.samples_stream import MAX_SAMPLE_TOKENS, SampleRecord, SamplesStream
-from tlt.service_errors import Cancelled, FailedPrecondition
+from tlt.rpc import drafter_api as api
+from tlt.rpc.errors import Cancelled, FailedPrecondition
+from tlt.store.samples_stream import MAX_SAMPLE_TOKENS, SampleRecord, SamplesStream
 
 WARMUP_WORKER = "warmup"
 DEFAULT_EPOCHS, DEFAULT_SAMPLES, DEFAULT_EVAL_FRACTION = 20, 2048, 0.1

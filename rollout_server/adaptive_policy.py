@@ -1,4 +1,4 @@
-"""TLT's speculation policy inside SGLang: the bandit of `tlt.adaptive` behind the policy interface
+"""TLT's speculation policy inside SGLang: the bandit of `tlt.speculation` behind the policy interface
 of SGLang's adaptive EAGLE worker (`--speculative-adaptive`).
 
 SGLang's adaptive worker already holds one runtime state per draft length (0 = speculation off,
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollout_server.cpu import cpu_engine_requested
-from tlt.adaptive.bandit import BanditConfig, SpecArm, SpeculationBandit
+from tlt.speculation.bandit import BanditConfig, SpecArm, SpeculationBandit
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry

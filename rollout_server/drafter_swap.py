@@ -18,8 +18,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from tlt.settings import RedisSettings
-from tlt.weight_channel import BadBlob, WeightChannel, WeightManifest
+from tlt.store.connection import RedisSettings
+from tlt.store.weight_channel import BadBlob, WeightChannel, WeightManifest
 
 logger = logging.getLogger(__name__)
 

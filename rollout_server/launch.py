@@ -15,7 +15,8 @@ from rollout_server import cpu
 from rollout_server.adaptive_policy import adaptive_config_file
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV
 from rollout_server.sample_recorder import SAMPLES_JOB_ENV
-from tlt.settings import RolloutServerSettings
+from rollout_server.sglang_args import bandit_config, sglang_argv
+from tlt.settings.rollout_server import RolloutServerSettings
 
 
 def parse_settings(argv: list[str]) -> RolloutServerSettings:
@@ -56,8 +57,8 @@ def serve(settings: RolloutServerSettings) -> None:
         adaptive_config = None
         if settings.speculative == "adaptive":
             adaptive_config = Path(scratch) / "adaptive.json"
-            adaptive_config.write_text(json.dumps(adaptive_config_file(settings.bandit_config())))
-        server_args = prepare_server_args(settings.sglang_argv(adaptive_config))
+            adaptive_config.write_text(json.dumps(adaptive_config_file(bandit_config(settings))))
+        server_args = prepare_server_args(sglang_argv(settings, adaptive_config))
         try:
             run_server(server_args)
         finally:

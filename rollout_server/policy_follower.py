@@ -17,9 +17,10 @@ import requests
 from pydantic import BaseModel, ConfigDict, Field
 from redis.exceptions import RedisError
 
-from tlt.rollout_client import load_weights_from_disk
-from tlt.settings import PolicyFollowerSettings, service_start
-from tlt.weight_channel import POLICY_VERSION_KEY, BadBlob, WeightChannel, WeightManifest
+from tlt.rollout.client import load_weights_from_disk
+from tlt.settings.common import service_start
+from tlt.settings.policy_follower import PolicyFollowerSettings
+from tlt.store.weight_channel import POLICY_VERSION_KEY, BadBlob, WeightChannel, WeightManifest
 
 logger = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")

@@ -9,8 +9,8 @@ import time
 from collections import deque
 
 from rollout_server.server_features import FEATURES_RID_PREFIX
-from tlt.samples_stream import SampleRecord, SamplesStream
-from tlt.settings import RedisSettings
+from tlt.store.connection import RedisSettings
+from tlt.store.samples_stream import SampleRecord, SamplesStream
 
 logger = logging.getLogger(__name__)
 

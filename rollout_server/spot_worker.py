@@ -35,11 +35,11 @@ from rollout_server.server_features import ServerFeatures
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
-from tlt.rollout_client import model_info
-from tlt.samples_stream import SamplesStream
+from tlt.rollout.client import model_info, server_load
+from tlt.store.samples_stream import SamplesStream
+from tlt.store.weight_channel import WeightChannel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
-from tlt.weight_channel import WeightChannel
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +93,6 @@ class SliceResult:
 def served_model_path(server_url: str) -> str:
     """The checkpoint the SGLang server serves now (moved by `/update_weights_from_disk`)."""
     return model_info(server_url).get("model_path", "")
-
-
-def server_busy(server_url: str) -> bool:
-    """Whether the SGLang server has running or waiting requests (`/v1/loads`)."""
-    answer = requests.get(f"{server_url}/v1/loads", params={"include": "core"}, timeout=5).json()
-    return any(load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0) > 0 for load in answer.get("loads", []))
 
 
 class SpotWorker:
@@ -270,8 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     from pydantic import ValidationError
     from pydantic_settings import CliApp
 
-    from tlt.grpc_service import client_channel
-    from tlt.settings import RedisSettings, SpotWorkerSettings
+    from tlt.rpc.service import client_channel
+    from tlt.settings.spot_worker import SpotWorkerSettings
+    from tlt.store.connection import RedisSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -301,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
             WeightChannel(client, settings.job_id, "drafter"),
             SamplesStream(client, settings.job_id),
             drafter_pb2_grpc.DrafterServiceStub(channel),
-            lambda: server_busy(settings.server_url),
+            lambda: server_load(settings.server_url) > 0,
             metadata,
             features=ServerFeatures(settings.server_url).many if settings.features == "server" else None,
             hand_off=hand_off,

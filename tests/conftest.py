@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from tests.checkpoints import make_random_checkpoint
+from tlt.local.process import RolloutServerProcess
+from tlt.local.redis_server import EmbeddedRedis
 from tlt.paths import BUNDLED_MODEL
-from tlt.redis_server import EmbeddedRedis
-from tlt.server_process import RolloutServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import requests
 
-from tlt.server_process import RolloutServerProcess
+from tlt.local.process import RolloutServerProcess
 
 
 def tokens_per_verification(server: RolloutServerProcess, prompts: list[list[int]], reference: list[list[int]], max_new_tokens: int) -> float:

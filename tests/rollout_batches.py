@@ -5,8 +5,8 @@ from __future__ import annotations
 from transformers import AutoTokenizer
 
 from tlt.paths import BUNDLED_MODEL
-from tlt.rollout_client import SamplingParams
-from tlt.rollout_pool import RolloutRequest
+from tlt.rollout.client import SamplingParams
+from tlt.rollout.pool import RolloutRequest
 from tlt.tasks import GcdTask
 
 

@@ -21,12 +21,12 @@ import requests
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rollout_server.spot_worker import server_busy
 from tests.greedy_speculation import tokens_per_verification
 from tests.metrics import metric_value
+from tlt.local.process import GrpcServiceProcess, RolloutServerProcess, SpotWorkerProcess
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_MODEL
-from tlt.server_process import GrpcServiceProcess, RolloutServerProcess, SpotWorkerProcess
+from tlt.rollout.client import server_load
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
@@ -92,7 +92,7 @@ def test_idle_server_trains_the_drafter_while_the_other_finishes(redis_server, t
                     assert time.monotonic() < deadline, "no slice was committed"
                     time.sleep(0.25)
                 committed = time.monotonic() - started
-                a_still_busy = a_batch.is_alive() and server_busy(a.url)
+                a_still_busy = a_batch.is_alive() and server_load(a.url) > 0
                 a_batch.join()
                 a_done = time.monotonic() - started
             info = stub.GetDrafter(pb.DrafterRef(job_id=job))

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from rollout_server import adaptive_policy
 from rollout_server.adaptive_policy import BanditSpecPolicy, SpecMetrics, adaptive_config_file
-from tlt.adaptive.bandit import BanditConfig, SpecArm
+from tlt.speculation.bandit import BanditConfig, SpecArm
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from tlt.adaptive.bandit import BanditConfig, SpecArm, SpeculationBandit
+from tlt.speculation.bandit import BanditConfig, SpecArm, SpeculationBandit
 
 
 class SimulatedEngine:

@@ -106,7 +106,7 @@ def test_drafter_train_writes_an_sglang_draft_and_its_history(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_a_server_that_cannot_start_is_reported_and_cleaned_up(tmp_path: Path) -> None:
-    from tlt.server_process import RolloutServerProcess, ServerStartError
+    from tlt.local.process import RolloutServerProcess, ServerStartError
 
     (tmp_path / "config.json").write_text("{}")  # passes our check, but SGLang cannot load it
     server = RolloutServerProcess(tmp_path, tmp_path / "server.log")

@@ -20,8 +20,8 @@ from safetensors.torch import load as load_blob
 from safetensors.torch import load_file
 from safetensors.torch import save as save_blob
 
+from tlt.local.process import GrpcServiceProcess
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.server_process import GrpcServiceProcess
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
 

@@ -16,13 +16,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.greedy_speculation import tokens_per_verification
 from tests.metrics import metric_value
-from tlt import weight_channel
+from tlt.local.process import RolloutServerProcess
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.samples_stream import SamplesStream
-from tlt.server_process import RolloutServerProcess
+from tlt.store import weight_channel
+from tlt.store.samples_stream import SamplesStream
+from tlt.store.weight_channel import WeightChannel
 from tlt.tasks import GcdTask
-from tlt.weight_channel import WeightChannel
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tlt.local.process import GrpcServiceProcess
 from tlt.paths import BUNDLED_MODEL
-from tlt.samples_stream import SampleRecord, SamplesStream
-from tlt.server_process import GrpcServiceProcess
+from tlt.store.samples_stream import SampleRecord, SamplesStream
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc

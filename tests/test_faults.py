@@ -19,13 +19,13 @@ import grpc
 import pytest
 
 from tests.metrics import metric_value
-from tlt.job_client import JobClient
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent, JobState
-from tlt.local_cluster import ClusterConfig, LocalCluster
+from tlt.jobs.client import JobClient
+from tlt.jobs.records import JobEvent, JobState
+from tlt.jobs.spec import JobSpec
+from tlt.local.cluster import ClusterConfig, LocalCluster
 from tlt.paths import BUNDLED_DRAFTER
-from tlt.rollout_client import model_info
-from tlt.weight_channel import WeightChannel
+from tlt.rollout.client import model_info
+from tlt.store.weight_channel import WeightChannel
 from trainer.job_store import JobStore
 
 pytestmark = pytest.mark.slow

@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tlt.grpc_service import bearer_metadata, client_channel
-from tlt.job_client import JobClient
-from tlt.server_process import GrpcServiceProcess
+from tlt.jobs.client import JobClient
+from tlt.local.process import GrpcServiceProcess
+from tlt.rpc.service import bearer_metadata, client_channel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc, jobs_pb2
 
@@ -76,7 +76,7 @@ def test_tls_and_tokens_end_to_end(redis_server, tmp_path: Path) -> None:
 def test_half_a_tls_configuration_is_refused(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from tlt.settings import TrainerSettings
+    from tlt.settings.trainer import TrainerSettings
 
     with pytest.raises(ValidationError, match="both --tls-cert-file and --tls-key-file"):
         TrainerSettings(tls_cert_file=tmp_path / "x.crt")

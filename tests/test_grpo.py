@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tlt.job_spec import GrpoConfig
+from tlt.jobs.spec import GrpoConfig
 from tlt.paths import BUNDLED_MODEL
 from trainer.grpo import (
     ScoredGroup,

@@ -87,14 +87,17 @@ def test_the_rollout_service_is_headless_and_names_the_port_the_trainer_looks_fo
 
 
 def test_the_settings_configmap_names_only_real_settings_and_every_process_reads_it() -> None:
-    """Each TLT_<PROCESS>_<FIELD> key is a field of that process's settings model (tlt/settings.py)."""
-    from tlt import settings as models
+    """Each TLT_<PROCESS>_<FIELD> key is a field of that process's settings model (tlt/settings/)."""
+    from tlt.settings.drafter_service import DrafterServiceSettings
+    from tlt.settings.policy_follower import PolicyFollowerSettings
+    from tlt.settings.spot_worker import SpotWorkerSettings
+    from tlt.settings.trainer import TrainerSettings
+    from tlt.store.connection import RedisSettings
 
     by_prefix = {
         m.model_config["env_prefix"]: m
-        for m in (models.TrainerSettings, models.DrafterServiceSettings, models.SpotWorkerSettings,
-                  models.PolicyFollowerSettings, models.RedisSettings)
-    }  # fmt: skip
+        for m in (TrainerSettings, DrafterServiceSettings, SpotWorkerSettings, PolicyFollowerSettings, RedisSettings)
+    }
     objects = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
     configmap = _one(objects, "ConfigMap", "-settings")
     for key in configmap["data"]:

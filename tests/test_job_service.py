@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tlt.job_client import JobClient
-from tlt.job_spec import JobSpec
-from tlt.server_process import GrpcServiceProcess
+from tlt.jobs.client import JobClient
+from tlt.jobs.spec import JobSpec
+from tlt.local.process import GrpcServiceProcess
 from tlt.v1 import jobs_pb2 as pb
 
 TOKEN = "job-test-token"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tlt.job_spec import JobSpec
+from tlt.jobs.spec import JobSpec
 
 
 def test_a_yaml_job_loads_with_defaults(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from kubernetes import client
 
 from tests.kube_emulator import endpoint_slice, kubernetes_emulator
 from tests.rollout_batches import greedy_batch
-from tlt.k8s_discovery import EndpointSliceDiscovery
 from tlt.paths import BUNDLED_MODEL
+from tlt.rollout.k8s_discovery import EndpointSliceDiscovery
 
 
 def _eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
@@ -49,7 +49,7 @@ def test_the_watch_follows_the_rollout_services_slices() -> None:
 
 
 def test_terminating_endpoints_and_unknown_readiness() -> None:
-    from tlt.k8s_discovery import slice_urls
+    from tlt.rollout.k8s_discovery import slice_urls
 
     endpoints = [
         client.V1Endpoint(addresses=["10.0.0.1"], conditions=client.V1EndpointConditions(ready=True, terminating=True)),
@@ -66,8 +66,8 @@ def test_scaling_the_rollout_pods_mid_step_loses_and_repeats_no_sample(tmp_path:
     endpoints: a pod added mid-step gets work; a pod removed mid-step (endpoint gone, then the
     process killed with requests in flight) has its requests re-sent; every sample comes back once,
     equal to a healthy server's greedy output."""
-    from tlt.rollout_pool import RolloutPool
-    from tlt.server_process import RolloutServerProcess
+    from tlt.local.process import RolloutServerProcess
+    from tlt.rollout.pool import RolloutPool
 
     batch = greedy_batch(48)
     a = RolloutServerProcess(BUNDLED_MODEL, tmp_path / "a.log")

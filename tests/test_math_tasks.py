@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tlt.job_spec import JobSpec
+from tlt.jobs.spec import JobSpec
 from tlt.tasks import JsonlTask, task_of
 from tlt.tasks.math_answer import answers_match
 

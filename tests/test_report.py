@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tlt.jobs import JobEvent, JobState, StepMetrics
-from tlt.report import write_report
-from tlt.sd_timeline import TimelinePoint
+from tlt.jobs.records import JobEvent, JobState, StepMetrics
+from tlt.local.report import write_report
+from tlt.local.sd_timeline import TimelinePoint
 
 
 def _step(step: int, reward: float, eval_accuracy: float = -1.0) -> StepMetrics:

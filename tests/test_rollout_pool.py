@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.rollout_batches import greedy_batch
+from tlt.local.process import RolloutServerProcess
 from tlt.paths import BUNDLED_MODEL
-from tlt.rollout_pool import NoServers, RolloutPool
-from tlt.server_process import RolloutServerProcess
+from tlt.rollout.pool import NoServers, RolloutPool
 
 pytestmark = pytest.mark.slow
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tlt.rollout_client import SamplingParams
-from tlt.server_process import RolloutServerProcess
+from tlt.local.process import RolloutServerProcess
+from tlt.rollout.client import SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tlt.models.hf_generate import greedy_generate
-from tlt.rollout_client import SamplingParams
+from tlt.rollout.client import SamplingParams
 from tlt.tasks import GcdTask
 
 pytestmark = pytest.mark.slow

@@ -6,9 +6,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from rollout_server.sample_recorder import SampleRecorder
-from tlt.redis_server import EmbeddedRedis
-from tlt.samples_stream import SamplesStream
-from tlt.settings import RedisSettings
+from tlt.local.redis_server import EmbeddedRedis
+from tlt.store.connection import RedisSettings
+from tlt.store.samples_stream import SamplesStream
 
 
 class FINISH_ABORT:

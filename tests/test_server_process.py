@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tlt.server_process import ServerStartError, ServiceProcess
+from tlt.local.process import ServerStartError, ServiceProcess
 
 
 class Sleeper(ServiceProcess):

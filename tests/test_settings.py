@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from rollout_server.launch import parse_settings
-from tlt.settings import RolloutServerSettings
+from rollout_server.sglang_args import bandit_config, sglang_argv
+from tlt.settings.rollout_server import RolloutServerSettings
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
-    argv = RolloutServerSettings(model_path=model_dir, device="cpu", port=1234).sglang_argv()
+    argv = sglang_argv(RolloutServerSettings(model_path=model_dir, device="cpu", port=1234))
     joined = " ".join(argv)
     assert "--device cpu" in joined
     assert "--attention-backend intel_amx" in joined
@@ -33,7 +34,7 @@ def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
 
 
 def test_gpu_keeps_sglang_backends(model_dir: Path) -> None:
-    argv = RolloutServerSettings(model_path=model_dir, device="cuda", dtype="bfloat16").sglang_argv()
+    argv = sglang_argv(RolloutServerSettings(model_path=model_dir, device="cuda", dtype="bfloat16"))
     assert "--attention-backend" not in argv
     assert "--max-total-tokens" not in argv
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
@@ -59,7 +60,7 @@ def test_command_line_with_passthrough(model_dir: Path) -> None:
         ["--model-path", str(model_dir), "--port", "4321", "--enable-return-hidden-states", "--", "--chunked-prefill-size", "512"]
     )
     assert settings.port == 4321 and settings.enable_return_hidden_states
-    assert settings.sglang_argv()[-2:] == ["--chunked-prefill-size", "512"]
+    assert sglang_argv(settings)[-2:] == ["--chunked-prefill-size", "512"]
 
 
 def test_environment_variables_fill_settings(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,7 +99,7 @@ def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path
     drafter.mkdir()
     (drafter / "config.json").write_text("{}")
     chain = RolloutServerSettings(model_path=model_dir, device="cpu", speculative="always", draft_model_path=drafter, draft_steps=3)
-    argv = chain.sglang_argv()
+    argv = sglang_argv(chain)
     assert _flag(argv, "--speculative-algorithm") == "EAGLE"
     assert _flag(argv, "--speculative-num-steps") == "3"
     assert _flag(argv, "--speculative-eagle-topk") == "1"
@@ -107,18 +108,18 @@ def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path
     assert "--speculative-adaptive" not in argv
 
     tree = chain.model_copy(update={"draft_topk": 2, "draft_tokens": 6, "max_running_requests": 64})
-    argv = tree.sglang_argv()
+    argv = sglang_argv(tree)
     assert _flag(argv, "--speculative-num-draft-tokens") == "6"
     assert _flag(argv, "--max-running-requests") == "64"
 
     adaptive = RolloutServerSettings(model_path=model_dir, speculative="adaptive", draft_model_path=drafter)
-    assert [arm.draft_steps for arm in adaptive.bandit_config().arms] == [0, 1, 2, 3, 4]
+    assert [arm.draft_steps for arm in bandit_config(adaptive).arms] == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="config file"):
-        adaptive.sglang_argv()
-    argv = adaptive.sglang_argv(tmp_path / "adaptive.json")
+        sglang_argv(adaptive)
+    argv = sglang_argv(adaptive, tmp_path / "adaptive.json")
     assert _flag(argv, "--speculative-adaptive-config") == str(tmp_path / "adaptive.json")
     assert "--speculative-adaptive" in argv
-    assert "--max-running-requests" not in RolloutServerSettings(model_path=model_dir).sglang_argv()
+    assert "--max-running-requests" not in sglang_argv(RolloutServerSettings(model_path=model_dir))
 
 
 @pytest.mark.parametrize(
@@ -143,12 +144,12 @@ def test_inconsistent_speculation_settings_are_refused(
 
 
 def test_samples_job_serves_hidden_states_for_its_spot_worker(model_dir: Path) -> None:
-    assert "--enable-return-hidden-states" not in RolloutServerSettings(model_path=model_dir, device="cpu").sglang_argv()
-    argv = RolloutServerSettings(model_path=model_dir, device="cpu", samples_job="j1").sglang_argv()
+    assert "--enable-return-hidden-states" not in sglang_argv(RolloutServerSettings(model_path=model_dir, device="cpu"))
+    argv = sglang_argv(RolloutServerSettings(model_path=model_dir, device="cpu", samples_job="j1"))
     assert "--enable-return-hidden-states" in argv
 
 
 def test_memory_saver_is_refused_on_the_cpu_and_passed_on_a_gpu(model_dir: Path) -> None:
     with pytest.raises(ValidationError, match="enable_memory_saver needs a GPU"):
         RolloutServerSettings(model_path=model_dir, device="cpu", enable_memory_saver=True)
-    assert "--enable-memory-saver" in RolloutServerSettings(model_path=model_dir, device="cuda", enable_memory_saver=True).sglang_argv()
+    assert "--enable-memory-saver" in sglang_argv(RolloutServerSettings(model_path=model_dir, device="cuda", enable_memory_saver=True))

@@ -19,9 +19,9 @@ import torch
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tlt.local.process import RolloutServerProcess
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.server_process import RolloutServerProcess
 from tlt.tasks import GcdTask
 
 pytestmark = pytest.mark.slow

@@ -23,15 +23,16 @@ from transformers import AutoTokenizer
 
 from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff, recover_hand_off
 from rollout_server.server_features import ServerFeatures
-from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, served_model_path, server_busy
+from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig, served_model_path
 from tlt.drafter.training import DrafterTrainingConfig, policy_features
+from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
 from tlt.paths import BUNDLED_MODEL
-from tlt.samples_stream import SamplesStream
-from tlt.server_process import GrpcServiceProcess, RolloutServerProcess
+from tlt.rollout.client import server_load
+from tlt.store.samples_stream import SamplesStream
+from tlt.store.weight_channel import WeightChannel
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
-from tlt.weight_channel import WeightChannel
 
 pytestmark = pytest.mark.slow
 JOB = f"spot-{uuid.uuid4().hex[:6]}"
@@ -62,7 +63,7 @@ def setup(redis_server, tmp_path_factory) -> Iterator[tuple[RolloutServerProcess
             WeightChannel(client, JOB, "drafter"),
             SamplesStream(client, JOB),
             stub,
-            lambda: server_busy(server.url),
+            lambda: server_load(server.url) > 0,
             features=ServerFeatures(server.url).many,
         )
         yield server, worker
@@ -84,7 +85,7 @@ def test_server_features_are_the_policys_and_are_not_samples(setup, redis_server
 
 def test_an_idle_slice_commits_a_better_drafter(setup) -> None:
     server, worker = setup
-    assert not server_busy(server.url)
+    assert server_load(server.url) == 0
     result = worker.run_slice()
     print(f"slice: v{result.base_version} -> v{result.version}, accept length {result.accept_length_before:.2f} -> {result.accept_length:.2f}")
     assert not result.preempted and result.version == result.base_version + 1
@@ -156,7 +157,7 @@ def test_requests_held_by_a_paused_server_preempt_the_slice(setup) -> None:
     result = outcome["result"]
     print(f"paused slice preempted {result.preempt_latency_s:.3f} s after the held request was seen")
     assert result.preempted and result.version is None
-    assert not server_busy(server.url)
+    assert server_load(server.url) == 0
 
 
 def test_the_worker_follows_the_policy_the_server_serves(setup, tmp_path) -> None:
@@ -190,7 +191,7 @@ def test_a_worker_killed_while_its_server_is_paused_is_undone_by_its_successor(s
     holder = subprocess.Popen(  # a worker inside a hand-off, killed -9 there
         [sys.executable, "-c", (
             "import sys, time; from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff; "
-            "from tlt.settings import RedisSettings; "
+            "from tlt.store.connection import RedisSettings; "
             f"MemoryHandOff({server.url!r}, release=False, marker=HandOffMarker(RedisSettings().client(), *{marker_args!r})).__enter__(); "
             "print('paused', flush=True); time.sleep(600)"
         )],

@@ -52,7 +52,7 @@ def test_solution_lengths_are_heavy_tailed() -> None:
 
 
 def test_tail_time_share() -> None:
-    from tlt.stats import tail_time_share
+    from tlt.rollout.stats import tail_time_share
 
     # 9 of 10 responses done at 1 s, the last at 10 s: 90% of the time is the tail.
     assert tail_time_share([1.0] * 9 + [10.0]) == pytest.approx(0.9)

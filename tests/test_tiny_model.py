@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tlt.evaluation import evaluate_with_hf
 from tlt.models.tiny import TinyModelSpec, pretrain, save_model
+from tlt.rollout.evaluation import evaluate_with_hf
 
 
 def _digest(path: Path) -> str:

@@ -16,15 +16,14 @@ import requests
 import torch
 from transformers import AutoTokenizer
 
-from rollout_server.spot_worker import server_busy
-from tlt.job_spec import JobSpec
+from tlt.jobs.spec import JobSpec
+from tlt.local.process import RolloutServerProcess, SidecarProcess
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
-from tlt.rollout_client import SamplingParams
-from tlt.rollout_pool import RolloutPool
-from tlt.server_process import RolloutServerProcess, SidecarProcess
+from tlt.rollout.client import SamplingParams, server_load
+from tlt.rollout.pool import RolloutPool
+from tlt.store.weight_channel import WeightChannel
 from tlt.tasks import GcdTask
-from tlt.weight_channel import WeightChannel
 from trainer.loop import GrpoTrainer
 from trainer.policy_publisher import DiskPolicyPublisher, RedisPolicyPublisher, served_version
 from trainer.version_barrier import VersionBarrier
@@ -121,7 +120,7 @@ def test_a_server_killed_mid_step_leaves_the_step_complete(servers, tmp_path: Pa
 
     def kill_b_once_busy() -> None:
         deadline = time.monotonic() + 120
-        while not server_busy(b.url) and time.monotonic() < deadline:
+        while server_load(b.url) == 0 and time.monotonic() < deadline:
             time.sleep(0.02)
         time.sleep(0.3)  # B has requests in flight
         b.kill()

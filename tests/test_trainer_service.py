@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from rollout_server.spot_worker import server_busy
-from tlt.job_client import JobClient
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent
+from tlt.jobs.client import JobClient
+from tlt.jobs.records import JobEvent
+from tlt.jobs.spec import JobSpec
+from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
 from tlt.paths import BUNDLED_MODEL
-from tlt.server_process import GrpcServiceProcess, RolloutServerProcess
+from tlt.rollout.client import server_load
 
 pytestmark = pytest.mark.slow
 
@@ -73,13 +73,13 @@ def test_cancel_stops_the_job_and_frees_the_rollout_server(redis_server, rollout
     with _trainer(redis_server, rollout_server, tmp_path).start(120) as trainer, JobClient(trainer.target) as client:
         client.submit(spec)
         deadline = time.monotonic() + 120
-        while not (client.get(spec.name).state == "RUNNING" and server_busy(rollout_server.url)):
+        while not (client.get(spec.name).state == "RUNNING" and server_load(rollout_server.url) > 0):
             assert time.monotonic() < deadline, "the job never reached the rollout server"
             time.sleep(0.1)
         time.sleep(1.0)
         cancelled_at = time.monotonic()
         client.cancel(spec.name)
-        while server_busy(rollout_server.url):
+        while server_load(rollout_server.url) > 0:
             assert time.monotonic() < cancelled_at + 30, "the server kept generating for the cancelled job"
             time.sleep(0.05)
         freed_s = time.monotonic() - cancelled_at

@@ -12,10 +12,10 @@ import torch
 from pydantic import ValidationError
 from safetensors.torch import save as save_safetensors
 
-from tlt.redis_server import EmbeddedRedis
-from tlt.samples_stream import SampleRecord, SamplesStream
-from tlt.settings import RedisSettings
-from tlt.weight_channel import BadBlob, CommitConflict, WeightChannel
+from tlt.local.redis_server import EmbeddedRedis
+from tlt.store.connection import RedisSettings
+from tlt.store.samples_stream import SampleRecord, SamplesStream
+from tlt.store.weight_channel import BadBlob, CommitConflict, WeightChannel
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from tlt.job_client import JobClient
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent, StepMetrics
+from tlt.jobs.client import JobClient
+from tlt.jobs.records import JobEvent, StepMetrics
+from tlt.jobs.spec import JobSpec
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_JOB, BUNDLED_MODEL
-from tlt.settings import PolicyChannel, Speculation
-from tlt.stats import RolloutSummary, tail_time_share
+from tlt.rollout.stats import RolloutSummary, tail_time_share
+from tlt.settings.common import PolicyChannel, Speculation
 
 app = typer.Typer(help="TLT: fast RL rollouts with adaptive speculative decoding.", no_args_is_help=True)
 drafter_app = typer.Typer(help="The EAGLE drafter.", no_args_is_help=True)
@@ -96,8 +96,8 @@ def model_stats(
     max_new_tokens: Annotated[int, typer.Option(min=1, help="the tiny model's context is 1024 tokens")] = 1000,
 ) -> None:
     """Greedy accuracy and response-length distribution of a model on held-out problems (HF transformers)."""
-    from tlt.evaluation import evaluate_with_hf
     from tlt.models.tiny import TinyModelSpec
+    from tlt.rollout.evaluation import evaluate_with_hf
 
     spec = TinyModelSpec.of_checkpoint(model)
     test = spec.task().sample(problems, seed=seed, split="test")
@@ -124,10 +124,10 @@ def rollout(
     """Start a rollout server on the model and roll out a batch of problems (an RL step's rollout phase alone)."""
     from transformers import AutoTokenizer
 
-    from tlt.evaluation import rollout_with_server
+    from tlt.local.process import RolloutServerProcess
     from tlt.models.tiny import TinyModelSpec
-    from tlt.rollout_client import SamplingParams
-    from tlt.server_process import RolloutServerProcess
+    from tlt.rollout.client import SamplingParams
+    from tlt.rollout.evaluation import rollout_with_server
 
     if not (model / "config.json").exists():
         if model != BUNDLED_MODEL:
@@ -198,7 +198,7 @@ def rollout(
 def _load_job(job_file: Path, **overrides) -> JobSpec:
     from pydantic import ValidationError
 
-    from tlt.grpc_service import validation_problems
+    from tlt.rpc.service import validation_problems
 
     try:
         spec = JobSpec.from_yaml(job_file)
@@ -262,8 +262,8 @@ def run(
     Ctrl-C cancels the job and stops everything."""
     import os
 
-    from tlt.local_cluster import ClusterConfig
-    from tlt.local_run import run_job_locally
+    from tlt.local.cluster import ClusterConfig
+    from tlt.local.run import run_job_locally
 
     spec = _load_job(job_file, steps=steps)
     if spec.model_path == BUNDLED_MODEL.resolve() and not (BUNDLED_MODEL / "config.json").exists():
@@ -401,10 +401,10 @@ def drafter_train(
 
     from tlt.drafter.offline import OfflineDrafterJob, train_offline
     from tlt.drafter.training import DrafterTrainingConfig, PolicySequence
-    from tlt.evaluation import rollout_with_server
+    from tlt.local.process import RolloutServerProcess
     from tlt.models.tiny import TinyModelSpec
-    from tlt.rollout_client import SamplingParams
-    from tlt.server_process import RolloutServerProcess
+    from tlt.rollout.client import SamplingParams
+    from tlt.rollout.evaluation import rollout_with_server
 
     spec = TinyModelSpec.of_checkpoint(model)
     train_problems = spec.task().sample(problems, seed=seed, split="train")
@@ -465,7 +465,7 @@ def drafter_warmup(
     Ctrl-C cancels it (the service gives the lease back and commits nothing)."""
     import grpc
 
-    from tlt.grpc_service import bearer_metadata, client_channel
+    from tlt.rpc.service import bearer_metadata, client_channel
     from tlt.v1 import drafter_pb2 as pb
     from tlt.v1 import drafter_pb2_grpc
 

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers.utils import logging as hf_logging
 
-from tlt.settings import TrainerSettings, service_start
+from tlt.settings.common import service_start
+from tlt.settings.trainer import TrainerSettings
 from trainer.grpc_server import build_server
 from trainer.job_store import JobStore
 from trainer.runner import JobRunner
@@ -19,7 +20,7 @@ from trainer.runner import JobRunner
 def discovery(settings: TrainerSettings) -> Callable[[], Sequence[str]]:
     """The rollout servers: the EndpointSlices of --rollout-service (watched), else the static list."""
     if settings.rollout_service:
-        from tlt.k8s_discovery import EndpointSliceDiscovery
+        from tlt.rollout.k8s_discovery import EndpointSliceDiscovery
 
         namespace, _, name = settings.rollout_service.rpartition("/")
         return EndpointSliceDiscovery(name, namespace or None, settings.rollout_port_name, settings.rollout_port).start()

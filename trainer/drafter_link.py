@@ -8,8 +8,8 @@ from pathlib import Path
 
 from pydantic import SecretStr
 
-from tlt.grpc_service import bearer_metadata, client_channel
-from tlt.job_spec import JobSpec
+from tlt.jobs.spec import JobSpec
+from tlt.rpc.service import bearer_metadata, client_channel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from tlt.grpc_service import build_grpc_server, call, message_fields, validated
-from tlt.job_proto import event_to_proto, fields_of, job_to_proto
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobRef, JobState, ListJobsRequest, WatchRequest
-from tlt.settings import TrainerSettings
+from tlt.jobs.proto import event_to_proto, fields_of, job_to_proto
+from tlt.jobs.records import JobRef, JobState, ListJobsRequest, WatchRequest
+from tlt.jobs.spec import JobSpec
+from tlt.rpc.service import build_grpc_server, call, message_fields, validated
+from tlt.settings.trainer import TrainerSettings
 from tlt.tasks import task_of
 from tlt.v1 import jobs_pb2, jobs_pb2_grpc
 from trainer.job_store import JobStore

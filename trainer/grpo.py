@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tlt.job_spec import GrpoConfig
+from tlt.jobs.spec import GrpoConfig
 
 
 @dataclass

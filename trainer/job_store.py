@@ -8,9 +8,9 @@ import time
 
 import redis
 
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent, JobRecord, JobState, StepMetrics
-from tlt.service_errors import AlreadyExists, NotFound, ResourceExhausted
+from tlt.jobs.records import JobEvent, JobRecord, JobState, StepMetrics
+from tlt.jobs.spec import JobSpec
+from tlt.rpc.errors import AlreadyExists, NotFound, ResourceExhausted
 
 INDEX = "tlt:jobs"
 QUEUE = "tlt:jobs:queue"

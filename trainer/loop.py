@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tlt.job_spec import JobSpec
-from tlt.jobs import StepMetrics
-from tlt.rollout_client import Completion, SamplingParams
-from tlt.rollout_pool import RolloutPool, RolloutRequest
+from tlt.jobs.records import StepMetrics
+from tlt.jobs.spec import JobSpec
+from tlt.rollout.client import Completion, SamplingParams
+from tlt.rollout.pool import RolloutPool, RolloutRequest
 from tlt.tasks import GcdProblem, MathProblem, task_of
 from trainer.checkpoints import CheckpointState, read_state, restore_training_state, save_checkpoint
 from trainer.grpo import (

@@ -21,8 +21,8 @@ from pathlib import Path
 import requests
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from tlt.rollout_client import load_weights_from_disk, model_info
-from tlt.weight_channel import POLICY_VERSION_KEY, WeightChannel
+from tlt.rollout.client import load_weights_from_disk, model_info
+from tlt.store.weight_channel import POLICY_VERSION_KEY, WeightChannel
 
 
 class PublishFailed(RuntimeError):

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from redis.exceptions import RedisError
 
-from tlt.jobs import JobRecord, JobState
-from tlt.rollout_pool import RolloutPool
-from tlt.service_errors import Cancelled
-from tlt.settings import TrainerSettings
-from tlt.weight_channel import WeightChannel
+from tlt.jobs.records import JobRecord, JobState
+from tlt.rollout.pool import RolloutPool
+from tlt.rpc.errors import Cancelled
+from tlt.settings.trainer import TrainerSettings
+from tlt.store.weight_channel import WeightChannel
 from trainer.checkpoints import latest_checkpoint, read_state
 from trainer.drafter_link import DrafterLink
 from trainer.job_store import JobStore

@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 from tlt.drafter.acceptance import chain_accept_lengths, response_starts
 from tlt.drafter.model import EagleDrafter, PolicyParts
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, pack, train_drafter
-from tlt.samples_stream import SampleRecord
+from tlt.store.samples_stream import SampleRecord
 
 
 @dataclass

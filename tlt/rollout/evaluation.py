@@ -12,8 +12,8 @@ from pydantic import BaseModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from tlt.models.hf_generate import greedy_generate
-from tlt.rollout_client import RolloutClient, SamplingParams
-from tlt.stats import RolloutSummary, summarize
+from tlt.rollout.client import RolloutClient, SamplingParams
+from tlt.rollout.stats import RolloutSummary, summarize
 from tlt.tasks import GcdProblem
 
 

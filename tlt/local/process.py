@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from tlt.rollout_client import RolloutClient
+from tlt.rollout.client import RolloutClient
 
 
 def free_port() -> int:
@@ -186,7 +186,7 @@ class GrpcServiceProcess(ServiceProcess):
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        from tlt.grpc_service import client_channel
+        from tlt.rpc.service import client_channel
 
         with client_channel(self.target, self.tls_ca_file) as channel:
             try:

@@ -11,16 +11,17 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from tlt.job_spec import JobSpec
-from tlt.redis_server import EmbeddedRedis
-from tlt.server_process import (
+from tlt.jobs.spec import JobSpec
+from tlt.local.process import (
     GrpcServiceProcess,
     RolloutServerProcess,
     ServiceProcess,
     SidecarProcess,
     SpotWorkerProcess,
 )
-from tlt.settings import PolicyChannel, RedisSettings, Speculation
+from tlt.local.redis_server import EmbeddedRedis
+from tlt.settings.common import PolicyChannel, Speculation
+from tlt.store.connection import RedisSettings
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Errors the services' stores raise, each meaning one gRPC status (mapped in `tlt.grpc_service`)."""
+"""Errors the services' stores raise, each meaning one gRPC status (mapped in `tlt.rpc.service`)."""
 
 
 class NotFound(Exception):

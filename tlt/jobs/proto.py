@@ -1,4 +1,4 @@
-"""Between the job models of `tlt.job_spec` / `tlt.jobs` and the protobuf messages of
+"""Between the job models of `tlt.jobs.spec` / `tlt.jobs.records` and the protobuf messages of
 `proto/tlt/v1/jobs.proto`. Unset optional fields stay unset, so the pydantic defaults apply."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent, JobRecord, StepMetrics
+from tlt.jobs.records import JobEvent, JobRecord, StepMetrics
+from tlt.jobs.spec import JobSpec
 from tlt.v1 import jobs_pb2 as pb
 
 

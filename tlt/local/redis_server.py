@@ -12,8 +12,8 @@ from typing import Self
 
 import redis
 
-from tlt.server_process import free_port
-from tlt.settings import RedisSettings
+from tlt.local.process import free_port
+from tlt.store.connection import RedisSettings
 
 
 class RedisStartError(RuntimeError):

@@ -15,8 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from tlt.service_errors import AlreadyExists, Cancelled, FailedPrecondition, NotFound, ResourceExhausted
-from tlt.settings import GrpcServerSettings
+from tlt.rpc.errors import AlreadyExists, Cancelled, FailedPrecondition, NotFound, ResourceExhausted
+from tlt.rpc.settings import GrpcServerSettings
 
 logger = logging.getLogger(__name__)
 Request = TypeVar("Request", bound=BaseModel)

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Self
 
-from tlt.grpc_service import bearer_metadata, client_channel
-from tlt.job_proto import event_from_proto, spec_to_proto
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent
+from tlt.jobs.proto import event_from_proto, spec_to_proto
+from tlt.jobs.records import JobEvent
+from tlt.jobs.spec import JobSpec
+from tlt.rpc.service import bearer_metadata, client_channel
 from tlt.v1 import jobs_pb2 as pb
 from tlt.v1 import jobs_pb2_grpc
 

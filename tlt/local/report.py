@@ -9,8 +9,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # the object API: no pyplot state, no display backend
 
-from tlt.jobs import JobEvent, StepMetrics
-from tlt.sd_timeline import TimelinePoint
+from tlt.jobs.records import JobEvent, StepMetrics
+from tlt.local.sd_timeline import TimelinePoint
 
 
 def _steps(events: Sequence[JobEvent]) -> list[StepMetrics]:

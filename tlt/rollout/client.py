@@ -84,6 +84,15 @@ def parse_completion(item: dict[str, Any]) -> Completion:
     )
 
 
+def server_load(base_url: str, timeout_s: float = 5.0) -> int:
+    """How many requests the server holds, running or waiting, over its data-parallel ranks
+    (SGLang's `/v1/loads`; the plugin adds those its tokenizer manager holds). Raises
+    requests.RequestException when the server does not answer."""
+    answer = requests.get(f"{base_url}/v1/loads", params={"include": "core"}, timeout=timeout_s)
+    answer.raise_for_status()
+    return sum(load.get("num_running_reqs", 0) + load.get("num_waiting_reqs", 0) for load in answer.json().get("loads", []))
+
+
 def model_info(base_url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """SGLang's `/model_info`: the checkpoint the server serves (`model_path`, moved by weight
     updates) and its `weight_version`."""

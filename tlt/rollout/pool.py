@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import requests
 
-from tlt.rollout_client import Completion, SamplingParams, parse_completion
-from tlt.service_errors import Cancelled
+from tlt.rollout.client import Completion, SamplingParams, parse_completion, server_load
+from tlt.rpc.errors import Cancelled
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,7 @@ class RolloutPool:
                 servers = {url for url, n in self._in_flight.items() if n > 0} | set(self._hung)
             for url in servers:
                 try:
-                    requests.get(f"{url}/v1/loads", params={"include": "core"}, timeout=self.probe_interval_s).raise_for_status()
+                    server_load(url, timeout_s=self.probe_interval_s)
                     answered = True
                 except requests.RequestException:
                     answered = False

@@ -1,6 +1,6 @@
 """A job's record and events as the trainer persists them in Redis and clients read them: shared by
 the trainer (which writes them) and the CLI (which shows them), converted to protobuf in
-`tlt.job_proto`."""
+`tlt.jobs.proto`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tlt.job_spec import JobSpec
+from tlt.jobs.spec import JobSpec
 
 
 class JobState(StrEnum):

@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tlt.job_client import JobClient
-from tlt.job_spec import JobSpec
-from tlt.jobs import JobEvent, StepMetrics
-from tlt.local_cluster import ClusterConfig, LocalCluster
-from tlt.report import write_report
-from tlt.sd_timeline import TimelineRecorder, read_timeline
+from tlt.jobs.client import JobClient
+from tlt.jobs.records import JobEvent, StepMetrics
+from tlt.jobs.spec import JobSpec
+from tlt.local.cluster import ClusterConfig, LocalCluster
+from tlt.local.report import write_report
+from tlt.local.sd_timeline import TimelineRecorder, read_timeline
 
 
 @dataclass

@@ -1,0 +1,70 @@
+"""The SGLang command line that `RolloutServerSettings` stand for (TLT's defaults, CPU engine flags,
+speculation), and the adaptive bandit those settings configure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tlt.settings.rollout_server import RolloutServerSettings
+from tlt.speculation.bandit import BanditConfig, SpecArm
+
+SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
+
+
+def bandit_config(settings: RolloutServerSettings) -> BanditConfig:
+    """The adaptive policy's configuration: one arm per draft length 0..draft_steps."""
+    return BanditConfig(arms=[SpecArm(draft_steps=steps) for steps in range(settings.draft_steps + 1)])
+
+
+def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | None = None) -> list[str]:
+    """SGLang's flags for these settings; adaptive speculation needs the path of its config file
+    (content: `rollout_server.adaptive_policy.adaptive_config_file`)."""
+    s = settings
+    device = s.resolved_device()
+    argv = ["--model-path", str(s.model_path), "--host", s.host, "--port", str(s.port)]
+    argv += ["--device", device, "--log-level", s.log_level]
+    dtype = s.dtype
+    if device == "cpu":
+        # intel_amx runs on TLT's PyTorch attention ops here (and is SGLang's only CPU backend
+        # with speculative verification); PyTorch sampling; fp32 for exact HF parity.
+        # No graphs to capture on the CPU (adaptive speculation would otherwise try, per arm).
+        argv += ["--attention-backend", "intel_amx", "--sampling-backend", "pytorch", "--disable-cuda-graph"]
+        dtype = "float32" if dtype == "auto" else dtype
+    argv += ["--dtype", dtype]
+    max_total_tokens = s.max_total_tokens
+    if max_total_tokens is None and device == "cpu":
+        max_total_tokens = 65536
+    optional = {
+        "--max-total-tokens": max_total_tokens,
+        "--max-running-requests": s.max_running_requests
+        or (SPECULATIVE_MAX_RUNNING_REQUESTS if s.speculative != "off" else None),
+        "--context-length": s.context_length,
+        "--mem-fraction-static": s.mem_fraction_static,
+        "--random-seed": s.random_seed,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    switches = {
+        "--enable-return-hidden-states": s.enable_return_hidden_states or s.samples_job is not None,
+        "--enable-memory-saver": s.enable_memory_saver,
+        "--sleep-on-idle": s.sleep_on_idle,
+        "--skip-server-warmup": not s.warmup,
+        "--enable-metrics": s.enable_metrics,
+    }
+    argv += [flag for flag, on in switches.items() if on]
+    return argv + _speculative_argv(s, adaptive_config_path) + list(s.sglang_args)
+
+
+def _speculative_argv(s: RolloutServerSettings, adaptive_config_path: Path | None) -> list[str]:
+    if s.speculative == "off":
+        return []
+    tokens = s.draft_tokens or s.draft_steps + 1
+    argv = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(s.draft_model_path)]
+    argv += ["--speculative-num-steps", str(s.draft_steps), "--speculative-eagle-topk", str(s.draft_topk)]
+    argv += ["--speculative-num-draft-tokens", str(tokens)]
+    if s.speculative == "adaptive":
+        if adaptive_config_path is None:
+            raise ValueError("adaptive speculation needs the path of its config file")
+        argv += ["--speculative-adaptive", "--speculative-adaptive-config", str(adaptive_config_path)]
+    return argv

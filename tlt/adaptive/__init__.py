@@ -1,1 +1,0 @@
-"""Adaptive speculative decoding: which speculation strategy to run at each batch size."""

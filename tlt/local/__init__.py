@@ -1,0 +1,1 @@
+"""Single-machine mode: every part as a local process (`tlt run`), the run's records and report."""

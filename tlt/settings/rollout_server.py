@@ -1,0 +1,126 @@
+"""Settings of `python -m rollout_server` (its SGLang command line is built in `rollout_server`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings
+
+from tlt.settings.common import NAME_PATTERN, Device, DType, Speculation, cuda_available, process_flags
+
+
+class RolloutServerSettings(BaseSettings):
+    """Flags of `python -m rollout_server`: SGLang with the TLT plugin and TLT's defaults.
+
+    Arguments after `--` go to SGLang unchanged (see `sglang serve --help`).
+    """
+
+    model_config = process_flags("TLT_ROLLOUT_", "python -m rollout_server")
+
+    model_path: Path = Field(description="HF-format checkpoint directory (config, safetensors, tokenizer)")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(30000, ge=1, le=65535, description="HTTP port")
+    device: Device = Field("auto", description="auto picks cuda when a GPU is visible, else cpu")
+    dtype: DType = Field("auto", description="weights/activations dtype; auto = float32 on cpu")
+    max_total_tokens: int | None = Field(
+        None, ge=256, description="KV-cache size in tokens; default 65536 on cpu, SGLang's on gpu"
+    )
+    max_running_requests: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="running batch cap; with speculation default 1024 (SGLang would cap it at 48, which "
+        "throttles the bulk of a rollout batch: TLT speculates only in the tail)",
+    )
+    context_length: int | None = Field(None, ge=16, description="override the model's context length")
+    mem_fraction_static: float | None = Field(
+        None, gt=0.0, lt=1.0, description="GPU memory fraction for weights + KV cache (gpu only)"
+    )
+    random_seed: int | None = Field(None, ge=0, description="seed of SGLang's sampler")
+    enable_return_hidden_states: bool = Field(
+        False, description="allow return_hidden_states requests (implied by samples_job: its spot worker reads them)"
+    )
+    enable_memory_saver: bool = Field(
+        False,
+        description="on a GPU: let the spot worker release the KV cache while it trains (SGLang's memory saver)",
+    )
+    sleep_on_idle: bool = Field(
+        True,
+        description="an idle scheduler sleeps instead of spinning a core (SGLang's default spins), "
+        "leaving idle time to spot training",
+    )
+    warmup: bool = Field(
+        False,
+        description="send SGLang's English warm-up request at start (off: TLT's tiny models have a "
+        "character vocabulary that maps it to an empty prompt)",
+    )
+    speculative: Speculation = Field(
+        "off",
+        description="EAGLE speculative decoding: off; always (fixed draft steps/top-k); adaptive (TLT's "
+        "bandit picks 0..draft-steps per decode step from measured accepted tokens/s)",
+    )
+    draft_model_path: Path | None = Field(None, description="SGLang EAGLE draft checkpoint (needed with speculation)")
+    draft_steps: int = Field(4, ge=1, le=16, description="draft chain length; with adaptive, the longest arm")
+    draft_topk: int = Field(1, ge=1, le=8, description="draft tree branching (always only; adaptive uses chains)")
+    draft_tokens: int | None = Field(
+        None, ge=2, le=64, description="tokens verified per step; default draft-steps + 1 (the whole chain)"
+    )
+    drafter_job: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="follow this job's drafter weight channel in Redis (TLT_REDIS_* settings) and swap "
+        "new versions in between batches",
+    )
+    samples_job: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        description="append every finished sequence (token ids) to this job's samples stream in Redis",
+    )
+    enable_metrics: bool = Field(False, description="Prometheus metrics at /metrics (SGLang's and TLT's)")
+    cpu_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="torch threads of the CPU engine; 1 suits small models, whose ops are too small to "
+        "repay thread synchronisation",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field("warning", description="SGLang log level")
+    sglang_args: list[str] = Field(
+        default_factory=list, description="extra SGLang flags (on the command line: after `--`)"
+    )
+
+    @model_validator(mode="after")
+    def _check_model_path(self) -> RolloutServerSettings:
+        if not (self.model_path / "config.json").is_file():
+            raise ValueError(f"model_path {self.model_path} has no config.json (expected an HF checkpoint)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_memory_saver(self) -> RolloutServerSettings:
+        if self.enable_memory_saver and self.resolved_device() == "cpu":
+            raise ValueError("enable_memory_saver needs a GPU (SGLang's memory release synchronises CUDA)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_speculation(self) -> RolloutServerSettings:
+        if self.speculative == "off":
+            if self.drafter_job is not None:
+                raise ValueError("drafter_job needs speculation (a drafter to swap)")
+            return self
+        if self.draft_model_path is None or not (self.draft_model_path / "config.json").is_file():
+            raise ValueError(f"speculative={self.speculative} needs draft_model_path with a config.json")
+        if self.speculative == "adaptive" and (self.draft_topk != 1 or self.draft_tokens not in (None, self.draft_steps + 1)):
+            raise ValueError("adaptive speculation switches chains: draft_topk must be 1 and draft_tokens unset")
+        if self.draft_topk > 1 and self.draft_tokens is None:
+            raise ValueError("a draft tree (draft_topk > 1) needs draft_tokens, the number of tokens to verify")
+        if self.draft_topk == 1 and self.draft_tokens not in (None, self.draft_steps + 1):
+            raise ValueError("a draft chain (draft_topk 1) verifies draft_steps + 1 tokens; leave draft_tokens unset")
+        return self
+
+    def resolved_device(self) -> Literal["cpu", "cuda"]:
+        """The device to run on, with `auto` decided by whether CUDA is usable."""
+        if self.device == "auto":
+            return "cuda" if cuda_available() else "cpu"
+        return self.device

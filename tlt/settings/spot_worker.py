@@ -1,0 +1,57 @@
+"""Settings of `python -m rollout_server.spot_worker`, the spot-training sidecar of a rollout server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings
+
+from tlt.settings.common import NAME_PATTERN, process_flags
+
+
+class SpotWorkerSettings(BaseSettings):
+    """Flags of `python -m rollout_server.spot_worker` (also `TLT_SPOT_*`; Redis: `TLT_REDIS_*`)."""
+
+    model_config = process_flags("TLT_SPOT_", "python -m rollout_server.spot_worker")
+
+    server_url: str = Field(description="the rollout server this worker sits beside, e.g. http://127.0.0.1:30000")
+    drafter_service: str = Field(description="host:port of the drafter gRPC service")
+    auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
+    tls_ca_file: Path | None = Field(None, description="CA to verify the drafter service's TLS with; unset: plaintext")
+    job_id: str = Field(pattern=NAME_PATTERN)
+    worker_id: str = Field(pattern=NAME_PATTERN, description="names this worker in leases and history")
+    policy_path: Path = Field(
+        description="HF checkpoint of the policy: the embeddings, LM head and rotary tables the drafter shares"
+    )
+    features: Literal["server", "local"] = Field(
+        "server",
+        description="where the policy's hidden states come from: the rollout server (needs "
+        "--enable-return-hidden-states there, implied by --samples-job) or a local copy of the policy",
+    )
+    release_memory: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="pause the server and release its KV cache while a slice trains; auto: when the server "
+        "runs with --enable-memory-saver (GPU)",
+    )
+    samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
+    epochs: int = Field(2, ge=1, le=1000, description="passes over the samples per slice")
+    lr: float = Field(
+        2e-3,
+        gt=0,
+        le=1.0,
+        description="AdamW learning rate of a slice; 2e-3 suits a fresh drafter, a converged one (e.g. after a "
+        "warm-up) keeps its held-out accept length only at about 2e-4 (a fresh optimiser's first steps at 2e-3 "
+        "undo some of it)",
+    )
+    min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples needed before the next slice")
+    idle_grace_s: float = Field(1.0, ge=0, le=3600, description="the server must stay idle this long first")
+    poll_s: float = Field(0.2, gt=0, le=60, description="how often idleness is checked between slices")
+    threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="torch threads for training on the CPU; more than the cores left free makes OpenMP "
+        "spin against the rollout server (measured: the slice stalled until its neighbour went idle)",
+    )

@@ -1,0 +1,2 @@
+"""Redis: the connection settings every process uses, the versioned weight channels (drafter,
+policy) and the samples stream."""
