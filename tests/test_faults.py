@@ -66,7 +66,7 @@ def _until(condition: Callable[[], object], timeout_s: float, what: str, poll_s:
 def test_the_job_survives_a_kill_of_each_component(cluster: LocalCluster) -> None:
     assert cluster.redis is not None and cluster.trainer is not None and cluster.drafter_service is not None
     redis_server, trainer, drafter_service = cluster.redis, cluster.trainer, cluster.drafter_service
-    client = JobClient(trainer.target, timeout_s=5)
+    client = JobClient(trainer.target, cluster.auth_token, timeout_s=5)
     store = JobStore(redis_server.settings.client())
 
     def steps_done() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import time
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from rich.table import Table
 from tlt.jobs.client import JobClient
 from tlt.jobs.records import JobEvent, StepMetrics
 from tlt.jobs.spec import JobSpec
+from tlt.local.cluster import CONNECTION_FILE, read_connection
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_JOB, BUNDLED_MODEL
 from tlt.rollout.stats import RolloutSummary, tail_time_share
 from tlt.settings.common import PolicyChannel, Speculation
@@ -289,15 +291,41 @@ def run(
     )
     console.print(f"records in {result.run_dir}: report.md, metrics.jsonl, events.jsonl, checkpoints/, logs/")
     if result.state != "SUCCEEDED":
-        raise typer.Exit(130 if result.interrupted else 1)
+        raise typer.Exit(128 + signal.Signals[result.interrupted_by].value if result.interrupted else 1)
 
 
-Trainer = Annotated[str, typer.Option(envvar="TLT_TRAINER", help="host:port of the trainer's job API")]
-Token = Annotated[str, typer.Option(envvar="TLT_TRAINER_AUTH_TOKEN", help="the trainer's bearer token")]
+DEFAULT_TRAINER = "127.0.0.1:50051"
+Trainer = Annotated[
+    str,
+    typer.Option(
+        envvar="TLT_TRAINER",
+        help=f"host:port of the trainer's job API; default: the `tlt run` of the job (its runs/<job>/{CONNECTION_FILE}), "
+        f"else {DEFAULT_TRAINER}",
+    ),
+]
+Token = Annotated[
+    str, typer.Option(envvar="TLT_TRAINER_AUTH_TOKEN", help="the trainer's bearer token; default: the local run's")
+]
 TlsCa = Annotated[Path | None, typer.Option(envvar="TLT_TLS_CA", help="CA file to verify the service's TLS; unset: plaintext")]
+RunsDir = Annotated[Path, typer.Option(help="where `tlt run` keeps its runs (and a running one its connection file)")]
 
 
-def _job_client(trainer: str, token: str, tls_ca: Path | None) -> JobClient:
+def _local_connection(runs_dir: Path, job_id: str | None) -> tuple[str, str] | None:
+    """The trainer and token of a running `tlt run`: the job's own, or (no job named) the newest."""
+    if job_id is not None:
+        return read_connection(runs_dir / job_id)
+    running = sorted(runs_dir.glob(f"*/{CONNECTION_FILE}"), key=lambda path: path.stat().st_mtime)
+    return read_connection(running[-1].parent) if running else None
+
+
+def _job_client(trainer: str, token: str, tls_ca: Path | None, runs_dir: Path = Path("runs"), job_id: str | None = None) -> JobClient:
+    """A client of the trainer named, else of the local run's (with its token), else of the default."""
+    if not trainer:
+        local = _local_connection(runs_dir, job_id)
+        if local is not None:
+            trainer, token = local[0], token or local[1]
+        else:
+            trainer = DEFAULT_TRAINER
     return JobClient(trainer, token or None, tls_ca_file=tls_ca)
 
 
@@ -309,7 +337,7 @@ def _rpc_failed(err) -> typer.Exit:
 @app.command("submit")
 def submit(
     job_file: Annotated[Path, typer.Argument(help="job YAML (a JobSpec)")],
-    trainer: Trainer = "127.0.0.1:50051",
+    trainer: Trainer = "",
     token: Token = "",
     watch: Annotated[bool, typer.Option(help="follow the job until it ends")] = False,
     tls_ca: TlsCa = None,
@@ -329,11 +357,13 @@ def submit(
 
 
 @app.command("watch")
-def watch(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "", tls_ca: TlsCa = None) -> None:
+def watch(
+    job_id: str, trainer: Trainer = "", token: Token = "", tls_ca: TlsCa = None, runs_dir: RunsDir = Path("runs")
+) -> None:
     """Follow a job's progress until it ends."""
     import grpc
 
-    with _job_client(trainer, token, tls_ca) as client:
+    with _job_client(trainer, token, tls_ca, runs_dir, job_id) as client:
         try:
             events = _follow(client, job_id)
         except grpc.RpcError as err:
@@ -344,11 +374,13 @@ def watch(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "", 
 
 
 @app.command("cancel")
-def cancel(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "", tls_ca: TlsCa = None) -> None:
+def cancel(
+    job_id: str, trainer: Trainer = "", token: Token = "", tls_ca: TlsCa = None, runs_dir: RunsDir = Path("runs")
+) -> None:
     """Cancel a job (a running one stops at once; its rollouts are aborted on the servers)."""
     import grpc
 
-    with _job_client(trainer, token, tls_ca) as client:
+    with _job_client(trainer, token, tls_ca, runs_dir, job_id) as client:
         try:
             job = client.cancel(job_id)
         except grpc.RpcError as err:
@@ -358,21 +390,22 @@ def cancel(job_id: str, trainer: Trainer = "127.0.0.1:50051", token: Token = "",
 
 @app.command("list")
 def list_jobs(
-    trainer: Trainer = "127.0.0.1:50051",
+    trainer: Trainer = "",
     token: Token = "",
     state: Annotated[str, typer.Option(help="only jobs in this state (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)")] = "",
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
     tls_ca: TlsCa = None,
+    runs_dir: RunsDir = Path("runs"),
 ) -> None:
-    """The trainer's jobs, newest first."""
+    """The trainer's jobs, newest first (default: those of the newest running `tlt run`)."""
     import grpc
 
-    with _job_client(trainer, token, tls_ca) as client:
+    with _job_client(trainer, token, tls_ca, runs_dir) as client:
         try:
             jobs = client.list(state.upper(), limit)
         except grpc.RpcError as err:
             raise _rpc_failed(err) from None
-    table = Table(title=f"jobs on {trainer}")
+    table = Table(title="jobs")
     for column in ("job", "state", "steps", "reward (last step)", "submitted", "message"):
         table.add_column(column)
     for job in jobs:

@@ -1,10 +1,18 @@
 """The whole system on one machine, every part its own process on loopback (single-machine mode of
 `tlt run` and the RL-step benchmark): an embedded Redis (or an external one), the drafter service,
-rollout servers with the TLT plugin, a spot worker beside each, and the trainer."""
+rollout servers with the TLT plugin, a spot worker beside each, and the trainer.
+
+The trainer's job API and the drafter service require a bearer token that the cluster makes up
+(as it does the embedded Redis' password); `tlt run`'s own client and the spot workers get it, and
+`run_dir/connection.json` (mode 0600) holds it for `tlt watch/cancel/list` while the cluster runs.
+Every process started is listed in `run_dir/processes.jsonl` (kind, pid = process group, port)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import secrets
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +26,7 @@ from tlt.local.process import (
     ServiceProcess,
     SidecarProcess,
     SpotWorkerProcess,
+    stop_all,
 )
 from tlt.local.redis_server import EmbeddedRedis
 from tlt.settings.common import PolicyChannel, Speculation
@@ -37,6 +46,19 @@ class ClusterConfig:
     trainer_threads: int = 1
     policy_channel: PolicyChannel = "disk"  # redis: a policy follower beside each server
     spot_worker_args: tuple[str, ...] = ()  # extra flags of every spot worker (e.g. --idle-grace-s 0.2)
+    auth_token: str | None = None  # of the trainer and the drafter service; none: one is made up
+
+
+CONNECTION_FILE = "connection.json"
+
+
+def read_connection(run_dir: Path) -> tuple[str, str] | None:
+    """(trainer target, token) of the local cluster running for `run_dir`, if one is."""
+    path = run_dir / CONNECTION_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    return record["trainer"], record["token"]
 
 
 class LocalCluster:
@@ -44,9 +66,10 @@ class LocalCluster:
     The trainer writes `runs_root/<job>/` (checkpoints, policy versions)."""
 
     def __init__(self, spec: JobSpec, runs_root: Path, run_dir: Path, config: ClusterConfig | None = None) -> None:
-        self.spec, self.runs_root, self.logs = spec, runs_root, run_dir / "logs"
+        self.spec, self.runs_root, self.run_dir, self.logs = spec, runs_root, run_dir, run_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.config = config or ClusterConfig()
+        self.auth_token = self.config.auth_token or secrets.token_urlsafe(32)
         if self.config.speculative != "off" and spec.drafter_path is None:
             raise ValueError("speculation needs the job's drafter_path (the servers' first drafter)")
         self.redis: EmbeddedRedis | None = None
@@ -78,11 +101,14 @@ class LocalCluster:
         if config.redis_url is None:
             on_phase("starting Redis")
             self.redis = EmbeddedRedis(data_dir=config.redis_data_dir, log_path=self.logs / "redis.log").start()
+            self._record("redis", self.redis.process, self.redis.port)
         else:
             RedisSettings(url=config.redis_url, password=config.redis_password).client().ping()
         env = self._redis_env()
         on_phase(f"starting the drafter service and {config.servers} rollout server(s)")
-        self.drafter_service = GrpcServiceProcess("drafter_service", self.logs / "drafter_service.log", env=env)
+        # Tokens travel in the environment, never on a command line (which any local user can read).
+        drafter_env = {**env, "TLT_DRAFTER_AUTH_TOKEN": self.auth_token}
+        self.drafter_service = GrpcServiceProcess("drafter_service", self.logs / "drafter_service.log", env=drafter_env)
         server_args = ["--random-seed", str(self.spec.seed), "--speculative", config.speculative, "--enable-metrics"]
         if config.speculative != "off":
             server_args += ["--draft-model-path", str(self.spec.drafter_path), "--drafter-job", job]
@@ -97,6 +123,8 @@ class LocalCluster:
         with ThreadPoolExecutor(len(starting)) as pool:  # SGLang starts slowly: start them side by side
             for future in [pool.submit(p.start) for p in starting]:
                 future.result()
+        for process in starting:
+            self._record(process.kind, process.process, process.port)
         if config.spot_training:
             on_phase("starting the spot workers")
             for n, server in enumerate(self.rollout_servers):
@@ -104,8 +132,11 @@ class LocalCluster:
                     "--server-url", server.url, "--drafter-service", self.drafter_service.target, "--job-id", job,
                     "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path), *config.spot_worker_args,
                 ]  # fmt: skip
-                self.spot_workers.append(SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=env).start(60))
-            self.processes += self.spot_workers
+                spot_env = {**env, "TLT_SPOT_AUTH_TOKEN": self.auth_token}
+                worker = SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=spot_env).start(60)
+                self.spot_workers.append(worker)
+                self.processes.append(worker)
+                self._record(worker.kind, worker.process, None)
         if config.policy_channel == "redis":
             on_phase("starting the policy followers")
             for n, server in enumerate(self.rollout_servers):
@@ -115,18 +146,37 @@ class LocalCluster:
                 ]  # fmt: skip
                 follower = SidecarProcess("rollout_server.policy_follower", self.logs / f"follower-{n}.log", follower_args, env)
                 self.processes.append(follower.start(60))
+                self._record(follower.kind, follower.process, None)
         on_phase("starting the trainer")
         trainer_args = ["--runs-dir", str(self.runs_root), "--threads", str(config.trainer_threads)]
         trainer_args += ["--drafter-service", self.drafter_service.target, "--policy-channel", config.policy_channel]
         for server in self.rollout_servers:
             trainer_args += ["--rollout-servers", server.url]
-        self.trainer = GrpcServiceProcess("trainer", self.logs / "trainer.log", args=trainer_args, env=env)
+        trainer_env = {**env, "TLT_TRAINER_AUTH_TOKEN": self.auth_token, "TLT_TRAINER_DRAFTER_AUTH_TOKEN": self.auth_token}
+        self.trainer = GrpcServiceProcess("trainer", self.logs / "trainer.log", args=trainer_args, env=trainer_env)
         self.processes.append(self.trainer.start(120))
+        self._record(self.trainer.kind, self.trainer.process, self.trainer.port)
+        self._write_connection()
+
+    def _record(self, kind: str, process, port: int | None) -> None:
+        with (self.run_dir / "processes.jsonl").open("a") as out:
+            out.write(json.dumps({"kind": kind, "pid": process.pid, "port": port}) + "\n")
+
+    def _write_connection(self) -> None:
+        assert self.trainer is not None
+        path = self.run_dir / CONNECTION_FILE
+        path.unlink(missing_ok=True)
+        # Created 0600, never wider: the token is the only thing between other local users and the job API.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"trainer": self.trainer.target, "token": self.auth_token}, out)
 
     def stop(self) -> None:
-        """Stop every process, the last started first, then Redis."""
-        for process in reversed(self.processes):
-            process.stop()
+        """Stop the trainer, then every other process side by side, then Redis."""
+        (self.run_dir / CONNECTION_FILE).unlink(missing_ok=True)
+        if self.trainer is not None:
+            self.trainer.stop()  # first: it must not see the servers go while it still works
+        stop_all(self.processes)
         self.processes.clear()
         if self.redis is not None:
             self.redis.stop()

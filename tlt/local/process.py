@@ -23,6 +23,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def guarded(argv: list[str]) -> list[str]:
+    """`argv` under `tlt.local.guard`: it dies, with all it spawns, when its starter dies."""
+    return [sys.executable, "-m", "tlt.local.guard", *argv]
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time."""
 
@@ -53,7 +58,7 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                self.command(),
+                guarded(self.command()),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -83,19 +88,7 @@ class ServiceProcess:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the process group, then SIGKILL what is left after `timeout_s`."""
-        if self.process is None:
-            return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        self.process = None
+        stop_all([self], timeout_s)
 
     def kill(self) -> None:
         """SIGKILL the process group at once, as a crash would (for fault tests)."""
@@ -129,6 +122,24 @@ class ServiceProcess:
         self.stop()
 
 
+def stop_all(processes: Sequence[ServiceProcess], timeout_s: float = 20.0) -> None:
+    """Stop these processes side by side: SIGTERM every group at once, then SIGKILL the groups
+    that have not ended `timeout_s` later."""
+    running = [p for p in processes if p.process is not None]
+    for p in running:
+        try:
+            os.killpg(p.process.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    for p in running:
+        try:
+            p.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+        p.process = None
+
+
 class RolloutServerProcess(ServiceProcess):
     """`python -m rollout_server` on a model; healthy when its /health answers."""
 
@@ -142,7 +153,10 @@ class RolloutServerProcess(ServiceProcess):
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(log_path, port, args, env)
+        # Stopping the process group ends SGLang's scheduler first, which its HTTP process takes for
+        # a crash: it would sleep 5 s to collect py-spy and CUDA core dumps. A local stop is no crash.
+        quiet_stop = {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "false", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "false"}
+        super().__init__(log_path, port, args, {**quiet_stop, **(env or {})})
         self.model_path = Path(model_path)
 
     @property

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Self
 
 import redis
 
-from tlt.local.process import free_port
+from tlt.local.process import free_port, guarded
 from tlt.store.connection import RedisSettings
 
 
@@ -76,7 +78,11 @@ class EmbeddedRedis:
     def start(self, timeout_s: float = 20.0) -> Self:
         """Start the server and wait until it answers PING."""
         log = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(self._argv(), stdout=log, stderr=subprocess.STDOUT)
+        # Its own process group, as the other services (a terminal's Ctrl-C or hang-up reaches only
+        # `tlt run`, which cancels the job before Redis goes), dying with its starter.
+        self.process = subprocess.Popen(
+            guarded(self._argv()), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         client = self.settings.client()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -94,17 +100,19 @@ class EmbeddedRedis:
         """Stop the server (SIGTERM: it flushes its append-only file), killing it if it hangs."""
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()
+        os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+            self.kill()
 
     def kill(self) -> None:
         """SIGKILL, as a crash would (for fault tests)."""
         if self.process is not None and self.process.poll() is None:
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.process.wait()
 
     def __enter__(self) -> Self:

@@ -4,6 +4,7 @@ health service and server reflection, message-size limits."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import Callable
 from concurrent import futures
@@ -66,7 +67,7 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
     """Refuses calls without `authorization: Bearer <token>`; health checks stay open (probes)."""
 
     def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}"
+        self._expected = f"Bearer {token}".encode()
 
         def deny(request, context):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
@@ -77,7 +78,8 @@ class BearerTokenInterceptor(grpc.ServerInterceptor):
         if handler_call_details.method.startswith("/grpc.health.v1.Health/"):
             return continuation(handler_call_details)
         metadata = dict(handler_call_details.invocation_metadata or ())
-        if metadata.get("authorization") != self._expected:
+        given = str(metadata.get("authorization", "")).encode()
+        if not hmac.compare_digest(given, self._expected):  # in constant time
             return self._deny
         return continuation(handler_call_details)
 
