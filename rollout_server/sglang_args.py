@@ -23,14 +23,13 @@ def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | No
     device = s.resolved_device()
     argv = ["--model-path", str(s.model_path), "--host", s.host, "--port", str(s.port)]
     argv += ["--device", device, "--log-level", s.log_level]
-    dtype = s.dtype
     if device == "cpu":
         # intel_amx runs on TLT's PyTorch attention ops here (and is SGLang's only CPU backend
-        # with speculative verification); PyTorch sampling; fp32 for exact HF parity.
+        # with speculative verification); PyTorch sampling.
         # No graphs to capture on the CPU (adaptive speculation would otherwise try, per arm).
         argv += ["--attention-backend", "intel_amx", "--sampling-backend", "pytorch", "--disable-cuda-graph"]
-        dtype = "float32" if dtype == "auto" else dtype
-    argv += ["--dtype", dtype]
+    # Target and draft in one dtype (SGLang loads both with it): fp32 on the CPU, bf16 on GPUs.
+    argv += ["--dtype", s.resolved_dtype()]
     max_total_tokens = s.max_total_tokens
     if max_total_tokens is None and device == "cpu":
         max_total_tokens = 65536

@@ -83,6 +83,9 @@ def test_token_logprobs_of_a_transformers_model() -> None:
     with torch.no_grad():
         logits = model(ids).logits
         got = token_logprobs(logits, ids)
+        cooled = token_logprobs(logits, ids, temperature=0.7)
     for t in range(4):
         expected = torch.log_softmax(logits[0, t], -1)[ids[0, t + 1]]
         assert got[0, t].item() == pytest.approx(expected.item(), abs=1e-6)
+        expected = torch.log_softmax(logits[0, t] / 0.7, -1)[ids[0, t + 1]]
+        assert cooled[0, t].item() == pytest.approx(expected.item(), abs=1e-6)

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from rollout_server.launch import parse_settings
 from rollout_server.sglang_args import bandit_config, sglang_argv
+from tlt.settings import common
 from tlt.settings.rollout_server import RolloutServerSettings
 
 
@@ -18,6 +19,49 @@ from tlt.settings.rollout_server import RolloutServerSettings
 def model_dir(tmp_path: Path) -> Path:
     (tmp_path / "config.json").write_text("{}")
     return tmp_path
+
+
+@pytest.fixture
+def usable_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch sees a usable GPU (the device boundary: this machine has none)."""
+    monkeypatch.setattr(common, "cuda_available", lambda: True)
+
+
+@pytest.fixture
+def unusable_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A GPU device node exists, but torch cannot use it (an old driver, say)."""
+    (tmp_path / "nvidia0").touch()
+    monkeypatch.setattr(common, "GPU_DEVICE_NODES", str(tmp_path / "nvidia[0-9]*"))
+    monkeypatch.setattr(common, "cuda_available", lambda: False)
+
+
+def test_a_gpu_less_run_refuses_device_cuda_saying_why(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "cuda_available", lambda: False)
+    with pytest.raises(ValidationError, match="device cuda: torch .* sees no usable GPU; check the driver"):
+        RolloutServerSettings(model_path=model_dir, device="cuda")
+
+
+def test_auto_never_falls_back_to_the_cpu_beside_a_gpu_torch_cannot_use(model_dir: Path, unusable_gpu: None) -> None:
+    with pytest.raises(ValidationError, match="a GPU is present .* cannot use it"):
+        RolloutServerSettings(model_path=model_dir)
+    assert RolloutServerSettings(model_path=model_dir, device="cpu").resolved_device() == "cpu"
+
+
+def test_auto_picks_the_cpu_without_a_gpu_and_cuda_with_one(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(common, "GPU_DEVICE_NODES", str(tmp_path / "no-such-node[0-9]*"))
+    monkeypatch.setattr(common, "cuda_available", lambda: False)
+    assert RolloutServerSettings(model_path=model_dir).resolved_device() == "cpu"
+    monkeypatch.setattr(common, "cuda_available", lambda: True)
+    assert RolloutServerSettings(model_path=model_dir).resolved_device() == "cuda"
+
+
+def test_gpus_serve_bf16_never_sglangs_auto(model_dir: Path, usable_gpu: None) -> None:
+    """SGLang's --dtype auto maps a float32 config (TLT's CPU checkpoints) to float16."""
+    argv = sglang_argv(RolloutServerSettings(model_path=model_dir, device="cuda"))
+    assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert common.resolve_dtype("auto", "cpu") == "float32" and common.resolve_dtype("float16", "cuda") == "float16"
 
 
 def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
@@ -33,7 +77,7 @@ def test_cpu_defaults_pick_native_backends_and_fp32(model_dir: Path) -> None:
     assert argv[argv.index("--port") + 1] == "1234"
 
 
-def test_gpu_keeps_sglang_backends(model_dir: Path) -> None:
+def test_gpu_keeps_sglang_backends(model_dir: Path, usable_gpu: None) -> None:
     argv = sglang_argv(RolloutServerSettings(model_path=model_dir, device="cuda", dtype="bfloat16"))
     assert "--attention-backend" not in argv
     assert "--max-total-tokens" not in argv
@@ -149,7 +193,19 @@ def test_samples_job_serves_hidden_states_for_its_spot_worker(model_dir: Path) -
     assert "--enable-return-hidden-states" in argv
 
 
-def test_memory_saver_is_refused_on_the_cpu_and_passed_on_a_gpu(model_dir: Path) -> None:
+def test_memory_saver_is_refused_on_the_cpu_and_passed_on_a_gpu(model_dir: Path, usable_gpu: None) -> None:
     with pytest.raises(ValidationError, match="enable_memory_saver needs a GPU"):
         RolloutServerSettings(model_path=model_dir, device="cpu", enable_memory_saver=True)
     assert "--enable-memory-saver" in sglang_argv(RolloutServerSettings(model_path=model_dir, device="cuda", enable_memory_saver=True))
+
+
+def test_the_trainer_uses_the_device_it_is_given_and_publishes_in_its_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tlt.settings.trainer import TrainerSettings
+
+    monkeypatch.setattr(common, "cuda_available", lambda: False)
+    with pytest.raises(ValidationError, match="device cuda: torch .* sees no usable GPU"):
+        TrainerSettings(device="cuda")
+    assert TrainerSettings(device="cpu").publish_dtype() == "float32"
+    monkeypatch.setattr(common, "cuda_available", lambda: True)
+    gpu = TrainerSettings()
+    assert gpu.resolved_device() == "cuda" and gpu.publish_dtype() == "bfloat16"

@@ -23,6 +23,7 @@ from tlt.local.process import RolloutServerProcess
 from tlt.models.hf_generate import greedy_generate
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.tasks import GcdTask
+from trainer.grpo import token_logprobs
 
 pytestmark = pytest.mark.slow
 
@@ -154,14 +155,30 @@ def test_the_distribution_test_fails_for_a_biased_acceptance_rule(tmp_path_facto
         assert _chi_square_pvalue(server, 1.0) < 1e-6
 
 
-def test_returned_logprobs_are_the_policys(chain_server) -> None:
+@pytest.fixture(scope="module")
+def plain_server(tmp_path_factory) -> Iterator[RolloutServerProcess]:
+    with _server("no-speculation", ["--random-seed", "0"], tmp_path_factory) as server:
+        yield server
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("speculation", ["on", "off"])
+def test_the_trainers_logprobs_of_sampled_tokens_are_the_servers(
+    chain_server, plain_server, speculation: str, temperature: float
+) -> None:
+    """The importance ratio's two sides: what the server returns for the tokens it sampled, and
+    what the trainer computes for them (`trainer.grpo.token_logprobs`, the distribution at T)."""
+    server = chain_server if speculation == "on" else plain_server
     model, _ = _hf()
     prompts, _ = _greedy_reference()
-    for result, prompt in zip(_generate(chain_server, prompts[:4], max_new_tokens=60, temperature=1.0, logprob=True), prompts):
+    results = _generate(server, prompts[:4], max_new_tokens=60, temperature=temperature, logprob=True)
+    for result, prompt in zip(results, prompts, strict=False):
         sequence = torch.tensor([prompt + result["output_ids"]])
         with torch.no_grad():
-            log_probs = model(sequence).logits[0].log_softmax(-1)
-        positions = torch.arange(len(prompt) - 1, sequence.shape[1] - 1)
-        reference = log_probs[positions, sequence[0, len(prompt) :]]
+            trainer_side = token_logprobs(model(sequence).logits, sequence, temperature)[0, len(prompt) - 1 :]
         served = torch.tensor([entry[0] for entry in result["meta_info"]["output_token_logprobs"]])
-        assert torch.allclose(served, reference, atol=1e-4, rtol=0)
+        assert torch.allclose(served, trainer_side, atol=1e-4, rtol=0)
+        if temperature != 1.0:  # and the raw logits' distribution is measurably another one
+            with torch.no_grad():
+                raw = token_logprobs(model(sequence).logits, sequence)[0, len(prompt) - 1 :]
+            assert (served - raw).abs().max() > 1e-2

@@ -50,9 +50,11 @@ def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
     return rewards.max(dim=1).values > rewards.min(dim=1).values
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """(B, T, V) logits and (B, T) ids -> (B, T-1): log-probability of token t+1 given the prefix."""
-    return torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """(B, T, V) logits and (B, T) ids -> (B, T-1): log-probability of token t+1 given the prefix,
+    under the distribution sampled from, softmax(logits / temperature) (float32 whatever the logits)."""
+    scaled = logits[:, :-1].float() / temperature
+    return torch.log_softmax(scaled, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
 def grpo_loss(

@@ -56,16 +56,19 @@ class GrpoTrainer:
         barrier: VersionBarrier,
         servers: Callable[[], Sequence[str]],
         resume_from: Path | None = None,
+        device: str = "cpu",
     ) -> None:
-        """A fresh policy from `spec.model_path`, or the policy, optimizer and RNG of a checkpoint."""
+        """A fresh policy from `spec.model_path`, or the policy, optimizer and RNG of a checkpoint,
+        trained on `device` (float32 master weights; bf16 autocast on CUDA)."""
         self.spec, self.pool, self.barrier, self.servers = spec, pool, barrier, servers
+        self.device = torch.device(device)
         torch.manual_seed(spec.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
-        self.policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32)
+        self.policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32).to(self.device)
         self.policy.train()
         self.reference = None
         if spec.grpo.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).eval()
+            self.reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).to(self.device).eval()
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
         self.version = 0
         self.task = task_of(spec.task, spec.dataset_path)
@@ -235,9 +238,15 @@ class GrpoTrainer:
             start = len(s.prompt_ids) - 1  # position predicting the first response token
             mask[row, start : start + len(s.completion.output_ids)] = 1
             old[row, start : start + len(s.completion.output_ids)] = torch.tensor(s.completion.logprobs)
-        logprobs = token_logprobs(self.policy(input_ids=ids, attention_mask=attention).logits, ids)
-        ref = None
-        if self.reference is not None:
-            with torch.no_grad():
-                ref = token_logprobs(self.reference(input_ids=ids, attention_mask=attention).logits, ids)
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        mask, old, advantages = mask.to(self.device), old.to(self.device), advantages.to(self.device)
+        # The servers sampled from softmax(logits / T) and returned those log-probabilities: the
+        # importance ratio must compare the same distribution (jobs sample with top-p 1, top-k off).
+        temperature = self.spec.temperature
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+            logprobs = token_logprobs(self.policy(input_ids=ids, attention_mask=attention).logits, ids, temperature)
+            ref = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(self.reference(input_ids=ids, attention_mask=attention).logits, ids, temperature)
         return grpo_loss(logprobs, old, advantages, mask, self.spec.grpo, ref)

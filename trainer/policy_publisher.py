@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import requests
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from tlt.models.hf_checkpoint import save_in_dtype
 from tlt.rollout.client import load_weights_from_disk, model_info
 from tlt.store.weight_channel import POLICY_VERSION_KEY, WeightChannel
 
@@ -35,10 +37,11 @@ def served_version(url: str) -> str | None:
 
 
 class DiskPolicyPublisher:
-    """Writes `policy-v{N}` checkpoints under `root` (keeping the newest `keep`) and loads them into servers."""
+    """Writes `policy-v{N}` checkpoints under `root` (keeping the newest `keep`) in the servers'
+    dtype and loads them into servers."""
 
-    def __init__(self, root: Path, keep: int = 2, timeout_s: float = 600.0) -> None:
-        self.root, self.keep, self.timeout_s = root, keep, timeout_s
+    def __init__(self, root: Path, keep: int = 2, timeout_s: float = 600.0, dtype: torch.dtype = torch.float32) -> None:
+        self.root, self.keep, self.timeout_s, self.dtype = root, keep, timeout_s, dtype
         root.mkdir(parents=True, exist_ok=True)
 
     def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> str:
@@ -47,7 +50,7 @@ class DiskPolicyPublisher:
         path = self.root / f"policy-v{version}"
         staging = self.root / f".policy-v{version}.partial"
         shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging, safe_serialization=True)
+        save_in_dtype(model, staging, self.dtype)
         tokenizer.save_pretrained(staging)
         shutil.rmtree(path, ignore_errors=True)
         staging.rename(path)  # a server never reads a half-written directory
@@ -75,14 +78,14 @@ class RedisPolicyPublisher:
     """Publishes versions to the job's `policy` weight channel; the servers' policy followers load
     them. `load_into` waits until the servers say they serve the version."""
 
-    def __init__(self, channel: WeightChannel, timeout_s: float = 120.0) -> None:
-        self.channel, self.timeout_s = channel, timeout_s
+    def __init__(self, channel: WeightChannel, timeout_s: float = 120.0, dtype: torch.dtype = torch.float32) -> None:
+        self.channel, self.timeout_s, self.dtype = channel, timeout_s, dtype
 
     def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> str:
         """Publish the weights of `version` (one safetensors file, as `save_pretrained` writes it);
         returns the channel version that carries it."""
         with tempfile.TemporaryDirectory() as tmp:
-            model.save_pretrained(tmp, safe_serialization=True, max_shard_size="1000GB")
+            save_in_dtype(model, Path(tmp), self.dtype, max_shard_size="1000GB")
             files = list(Path(tmp).glob("*.safetensors"))
             if len(files) != 1:
                 raise PublishFailed(f"expected one safetensors file, save_pretrained wrote {len(files)}")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import torch
 from redis.exceptions import RedisError
 
 from tlt.jobs.records import JobRecord, JobState
@@ -137,7 +138,8 @@ class JobRunner:
             self._current = (job, pool)
         try:
             self.store.transition(record, JobState.RUNNING, f"resuming from {checkpoint.name}" if checkpoint else "started")
-            self._train(record, GrpoTrainer(spec, pool, barrier, self.discover, resume_from=checkpoint), root, checkpoint)
+            trainer = GrpoTrainer(spec, pool, barrier, self.discover, resume_from=checkpoint, device=self.settings.resolved_device())
+            self._train(record, trainer, root, checkpoint)
             self.store.transition(record, JobState.SUCCEEDED, f"{spec.steps} steps done")
         except Cancelled:
             if self._yielding():
@@ -154,9 +156,10 @@ class JobRunner:
                 self._current = None
 
     def _publisher(self, job: str, root: Path) -> DiskPolicyPublisher | RedisPolicyPublisher:
+        dtype = getattr(torch, self.settings.publish_dtype())
         if self.settings.policy_channel == "redis":
-            return RedisPolicyPublisher(WeightChannel(self.store.client, job, "policy"))
-        return DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy")
+            return RedisPolicyPublisher(WeightChannel(self.store.client, job, "policy"), dtype=dtype)
+        return DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy", dtype=dtype)
 
     def _train(self, record: JobRecord, trainer: GrpoTrainer, root: Path, checkpoint: Path | None) -> None:
         job, spec = record.job_id, record.spec

@@ -35,6 +35,51 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+# NVIDIA's device nodes: present wherever a GPU is handed to this container or machine.
+GPU_DEVICE_NODES = "/dev/nvidia[0-9]*"
+
+
+def gpu_present() -> bool:
+    """Whether an NVIDIA GPU is visible as a device node, whether or not torch can use it."""
+    import glob
+
+    return bool(glob.glob(GPU_DEVICE_NODES))
+
+
+def resolve_device(device: Device) -> Literal["cpu", "cuda"]:
+    """The device to run on. `cuda` must be usable; `auto` is cuda when usable, and refuses to fall
+    back to the CPU when a GPU is there that torch cannot use (e.g. a driver older than torch's
+    CUDA build needs): serving a large model on the CPU in fp32 is never what was meant."""
+    if device == "cpu":
+        return "cpu"
+    if cuda_available():
+        return "cuda"
+    import torch
+
+    cuda = torch.version.cuda or "none"
+    if device == "cuda":
+        raise ValueError(
+            f"device cuda: torch {torch.__version__} (built for CUDA {cuda}) sees no usable GPU; "
+            "check the driver (CUDA 13.0 builds need 580 or newer) and the container's GPU request, or use device cpu"
+        )
+    if gpu_present():
+        raise ValueError(
+            f"device auto: a GPU is present ({GPU_DEVICE_NODES}) but torch {torch.__version__} (built for CUDA {cuda}) "
+            "cannot use it, so nothing falls back to the CPU; fix the driver (CUDA 13.0 builds need 580 or newer) "
+            "or say device cpu"
+        )
+    return "cpu"
+
+
+def resolve_dtype(dtype: DType, device: Literal["cpu", "cuda"]) -> Literal["float32", "bfloat16", "float16"]:
+    """The serving and publishing dtype: `auto` is float32 on the CPU (exact parity with HF) and
+    bfloat16 on GPUs, never SGLang's own `auto`, which maps float32 configs (TLT writes them for CPU
+    runs) to float16."""
+    if dtype != "auto":
+        return dtype
+    return "float32" if device == "cpu" else "bfloat16"
+
+
 def service_start(settings_model: type[Settings], prog: str, argv: list[str] | None) -> tuple[Settings, redis.Redis]:
     """How a TLT service process starts: logging, its flags (exit with the problems when invalid),
     and a Redis client that answered a ping (fail at start, not at the first call)."""

@@ -8,7 +8,15 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings
 
-from tlt.settings.common import NAME_PATTERN, Device, DType, Speculation, cuda_available, process_flags
+from tlt.settings.common import (
+    NAME_PATTERN,
+    Device,
+    DType,
+    Speculation,
+    process_flags,
+    resolve_device,
+    resolve_dtype,
+)
 
 
 class RolloutServerSettings(BaseSettings):
@@ -22,8 +30,10 @@ class RolloutServerSettings(BaseSettings):
     model_path: Path = Field(description="HF-format checkpoint directory (config, safetensors, tokenizer)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(30000, ge=1, le=65535, description="HTTP port")
-    device: Device = Field("auto", description="auto picks cuda when a GPU is visible, else cpu")
-    dtype: DType = Field("auto", description="weights/activations dtype; auto = float32 on cpu")
+    device: Device = Field(
+        "auto", description="auto picks cuda when usable, else cpu (and refuses a GPU that torch cannot use)"
+    )
+    dtype: DType = Field("auto", description="weights/activations dtype; auto: float32 on cpu, bfloat16 on cuda")
     max_total_tokens: int | None = Field(
         None, ge=256, description="KV-cache size in tokens; default 65536 on cpu, SGLang's on gpu"
     )
@@ -98,6 +108,11 @@ class RolloutServerSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_device(self) -> RolloutServerSettings:
+        self.resolved_device()  # a device that cannot be used is refused at start, saying why
+        return self
+
+    @model_validator(mode="after")
     def _check_memory_saver(self) -> RolloutServerSettings:
         if self.enable_memory_saver and self.resolved_device() == "cpu":
             raise ValueError("enable_memory_saver needs a GPU (SGLang's memory release synchronises CUDA)")
@@ -120,7 +135,9 @@ class RolloutServerSettings(BaseSettings):
         return self
 
     def resolved_device(self) -> Literal["cpu", "cuda"]:
-        """The device to run on, with `auto` decided by whether CUDA is usable."""
-        if self.device == "auto":
-            return "cuda" if cuda_available() else "cpu"
-        return self.device
+        """The device to run on (`tlt.settings.common.resolve_device`)."""
+        return resolve_device(self.device)
+
+    def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
+        """The dtype to serve in (`tlt.settings.common.resolve_dtype`)."""
+        return resolve_dtype(self.dtype, self.resolved_device())

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from tlt.rpc.settings import GrpcServerSettings
-from tlt.settings.common import PolicyChannel, process_flags
+from tlt.settings.common import Device, DType, PolicyChannel, process_flags, resolve_device, resolve_dtype
 
 
 class TrainerSettings(GrpcServerSettings):
@@ -44,6 +45,14 @@ class TrainerSettings(GrpcServerSettings):
     max_message_bytes: int = Field(4 * 1024 * 1024, ge=64 * 1024, le=2**31 - 1, description="largest gRPC message")
     workers: int = Field(16, ge=2, le=256, description="gRPC worker threads (each WatchJob holds one)")
     threads: int = Field(1, ge=1, le=256, description="torch threads of the policy update on the CPU")
+    device: Device = Field(
+        "auto", description="where the policy update runs: auto picks cuda when usable (and refuses a GPU torch cannot use)"
+    )
+    dtype: DType = Field(
+        "auto",
+        description="dtype of the published policy versions (the servers serve them in it); auto: float32 on cpu, "
+        "bfloat16 on cuda. Training keeps float32 master weights, with bf16 autocast on cuda",
+    )
     lock_ttl_s: float = Field(
         15.0, ge=1.0, le=600.0, description="a trainer that stops renewing its Redis lock this long is taken over"
     )
@@ -55,6 +64,17 @@ class TrainerSettings(GrpcServerSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"rollout server {url!r} must be an http:// or https:// URL")
         return [u.rstrip("/") for u in urls]
+
+    @model_validator(mode="after")
+    def _check_device(self) -> TrainerSettings:
+        self.resolved_device()
+        return self
+
+    def resolved_device(self) -> Literal["cpu", "cuda"]:
+        return resolve_device(self.device)
+
+    def publish_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
+        return resolve_dtype(self.dtype, self.resolved_device())
 
     @model_validator(mode="after")
     def _one_discovery(self) -> TrainerSettings:

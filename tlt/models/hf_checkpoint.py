@@ -1,0 +1,22 @@
+"""Writing HF checkpoints in the dtype their readers serve them in."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+
+def save_in_dtype(model: PreTrainedModel, out: Path, dtype: torch.dtype, **kwargs: Any) -> None:
+    """`save_pretrained` with the weights cast to `dtype` and the config saying so (the model itself
+    is left as it is: training keeps its float32 master weights). SGLang's `--dtype auto` reads the
+    config's dtype, and maps float32 to float16: a GPU server must be handed bf16 explicitly."""
+    state = {name: tensor.detach().to(dtype) for name, tensor in model.state_dict().items()}
+    model.save_pretrained(out, state_dict=state, safe_serialization=True, **kwargs)
+    config_path = Path(out) / "config.json"
+    config = json.loads(config_path.read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
