@@ -47,8 +47,8 @@ def _grant(lease: Lease) -> drafter_pb2.LeaseGrant:
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
-    def __init__(self, store: DrafterStore, warmup: Warmup) -> None:
-        self.store, self.warmup = store, warmup
+    def __init__(self, store: DrafterStore, warmup: Warmup, max_commit_bytes: int) -> None:
+        self.store, self.warmup, self.max_commit_bytes = store, warmup, max_commit_bytes
 
     def RegisterDrafter(self, request, context):
         return _info(_call(context, self.store.register, _valid(api.RegisterDrafterRequest, request, context)))
@@ -66,6 +66,25 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
     def Commit(self, request, context):
         version = _call(context, self.store.commit, _valid(api.CommitRequest, request, context))
         return drafter_pb2.CommitResult(version=version)
+
+    def CommitStream(self, request_iterator, context):
+        first, pieces, size = None, [], 0
+        for piece in request_iterator:
+            if first is None:
+                first = piece
+            elif (piece.lease_id, piece.job_id) != (first.lease_id, first.job_id):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "lease_id, job_id: every piece must name the same lease")
+            size += len(piece.weights)
+            if size > self.max_commit_bytes:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"weights: more than {self.max_commit_bytes} bytes")
+            pieces.append(piece.weights)
+        if first is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no pieces")
+        whole = drafter_pb2.CommitRequest(
+            lease_id=first.lease_id, job_id=first.job_id, weights=b"".join(pieces), accept_length=first.accept_length
+        )
+        del pieces
+        return self.Commit(whole, context)
 
     def Release(self, request, context):
         released = _call(context, self.store.release, _valid(api.LeaseRef, request, context))
@@ -87,7 +106,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServiceServicer):
 
 def build_server(settings: DrafterServiceSettings, store: DrafterStore) -> grpc.Server:
     """A gRPC server with the drafter service, health and reflection (not started)."""
-    servicer = DrafterServicer(store, Warmup(store, settings.data_dir))
+    servicer = DrafterServicer(store, Warmup(store, settings.data_dir), settings.max_commit_bytes)
     return build_grpc_server(
         SERVICE_NAME,
         lambda server: drafter_pb2_grpc.add_DrafterServiceServicer_to_server(servicer, server),

@@ -53,6 +53,7 @@ _SAMPLED_VERIFY_OPS = {
 }
 _AMX_FALLBACK_PASS = "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks"
 _GET_LOADS = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_loads"
+_WEIGHT_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.WeightUpdater"
 
 
 def _defined(name: str) -> bool:
@@ -137,6 +138,44 @@ def _count_requests_not_yet_scheduled(original_fn, manager, *args, **kwargs):
     return loads()
 
 
+def _idempotent_release(original_fn, updater, recv_req, *args, **kwargs):
+    """AROUND-hook on WeightUpdater.release_memory_occupation: tags released already are skipped
+    (SGLang would pause their memory twice). The spot worker's hand-off may repeat a release."""
+    tags = _tags_of(recv_req)
+    todo = [tag for tag in tags if tag not in updater.offload_tags]
+    if todo != tags:
+        logger.warning("TLT plugin: memory of %s is released already", sorted(set(tags) - set(todo)))
+    if todo:
+        return original_fn(updater, msgspec.structs.replace(recv_req, tags=todo), *args, **kwargs)
+    from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqOutput
+
+    return ReleaseMemoryOccupationReqOutput()
+
+
+def _idempotent_resume(original_fn, updater, recv_req, *args, **kwargs):
+    """AROUND-hook on WeightUpdater.resume_memory_occupation: tags that are not released are
+    skipped (SGLang would raise KeyError in its scheduler, which takes the server down). A spot
+    worker recovering a hand-off cannot know whether its predecessor's release went through."""
+    tags = _tags_of(recv_req)
+    todo = [tag for tag in tags if tag in updater.offload_tags]
+    if todo != tags:
+        logger.warning("TLT plugin: memory of %s is not released; nothing to resume", sorted(set(tags) - set(todo)))
+    if todo:
+        return original_fn(updater, msgspec.structs.replace(recv_req, tags=todo), *args, **kwargs)
+    from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqOutput
+
+    return ResumeMemoryOccupationReqOutput()
+
+
+def _tags_of(recv_req) -> list[str]:
+    """The request's tags, SGLang's way: none means all of them."""
+    if recv_req.tags:
+        return list(recv_req.tags)
+    from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+    return list(GPU_MEMORY_ALL_TYPES)
+
+
 def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
     """BEFORE-hook on TokenizerManager._validate_one_request, whose ValueErrors become HTTP 400."""
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
@@ -152,6 +191,8 @@ def register() -> None:
         HookType.BEFORE,
     )
     HookRegistry.register(_GET_LOADS, _count_requests_not_yet_scheduled, HookType.AROUND)
+    HookRegistry.register(f"{_WEIGHT_UPDATER}.release_memory_occupation", _idempotent_release, HookType.AROUND)
+    HookRegistry.register(f"{_WEIGHT_UPDATER}.resume_memory_occupation", _idempotent_resume, HookType.AROUND)
     # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.
     HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
     if os.environ.get(DRAFTER_JOB_ENV):

@@ -5,8 +5,10 @@ from; a generation request arriving at the server preempts it within one unit of
 training micro-step, a sample's features): the slice is released, not committed.
 
 Features (the policy's last hidden states) come from the rollout server itself
-(`server_features`, before the slice trains); a local transformers copy of the policy is the
-fallback and supplies the parts the drafter shares with the policy (embeddings, LM head, rotary).
+(`server_features`, before the slice trains); the worker then holds only the parts the drafter
+shares with the policy (embedding, LM head, rotary), read tensor by tensor from the served
+checkpoint in the serving dtype, on the worker's device: on a GPU pod, the GPU its idle server
+hands over. A local transformers copy of the whole policy is the fallback feature source.
 While it trains, a server with a memory saver (GPU) is paused with its KV cache handed over
 (`memory_handoff`); requests arriving meanwhile wait there, count as load, and preempt the slice.
 """
@@ -28,14 +30,21 @@ import requests
 import torch
 from pydantic import BaseModel, Field
 from safetensors.torch import save as save_blob
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff, memory_saver_enabled, recover_hand_off
+from rollout_server.memory_handoff import (
+    HandOffMarker,
+    MemoryHandOff,
+    ServerBusy,
+    memory_saver_enabled,
+    recover_hand_off,
+)
 from rollout_server.server_features import ServerFeatures
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import split_held_out, train_round, usable_sequences
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
 from tlt.rollout.client import model_info, server_load
+from tlt.rpc.drafter_client import commit
 from tlt.store.samples_stream import SamplesStream
 from tlt.store.weight_channel import WeightChannel
 from tlt.v1 import drafter_pb2 as pb
@@ -109,15 +118,19 @@ class SpotWorker:
         features: Callable[[list[list[int]]], list[torch.Tensor]] | None = None,
         hand_off: Callable[[], AbstractContextManager] = nullcontext,
         policy_source: Callable[[], str] | None = None,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         """`features`: the policy's features of token sequences (e.g. `ServerFeatures.many`; default:
         the local policy copy);
         `hand_off`: a context the slice trains in (e.g. `MemoryHandOff`);
         `policy_source`: where the policy now being served lives (e.g. `served_model_path`): the
-        drafter's embedding and head follow it when the trainer publishes a new version."""
+        drafter's embedding and head follow it when the trainer publishes a new version;
+        `device`, `dtype`: where the drafter trains, and the dtype of the borrowed parts (the serving one)."""
         self.config, self.channel, self.samples, self.stub = config, channel, samples, stub
         self.busy, self.metadata, self.hand_off = busy, metadata, hand_off
         self.policy_source = policy_source
+        self.device, self.dtype, self.local_features = torch.device(device), dtype, features is None
         self.policy_path = ""
         self._load_policy(config.policy_path)
         self.features = features or (lambda sequences: [policy_features(self.policy, ids) for ids in sequences])
@@ -127,8 +140,12 @@ class SpotWorker:
         self._renewed = 0.0
 
     def _load_policy(self, path: str) -> None:
-        self.policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        self.parts = PolicyParts(self.policy)
+        self.policy_config = AutoConfig.from_pretrained(path)
+        if self.local_features:
+            self.policy = AutoModelForCausalLM.from_pretrained(path, dtype=self.dtype).to(self.device).eval()
+            self.parts = PolicyParts(self.policy)
+        else:
+            self.parts = PolicyParts.from_checkpoint(Path(path), str(self.device), self.dtype)
         self.policy_path = path
 
     def _follow_policy(self) -> None:
@@ -167,7 +184,7 @@ class SpotWorker:
 
             with self.hand_off():
                 trained = train_round(
-                    self.policy.config,
+                    self.policy_config,
                     self.parts,
                     base_state,
                     (train, train_features),
@@ -184,12 +201,10 @@ class SpotWorker:
                 logger.info("spot worker: slice did not improve (%.2f -> %.2f); not committed", result.accept_length_before, result.accept_length)
                 self.stub.Release(ref, metadata=self.metadata)
                 return result
-            weights = save_blob(trained.state)
-            commit = pb.CommitRequest(
-                lease_id=grant.lease_id, job_id=grant.job_id, weights=weights, accept_length=result.accept_length
-            )
-            result.version = self.stub.Commit(commit, metadata=self.metadata).version
-        except Preempted:
+            # In the base version's dtypes: a version's tensors (names, dtypes, shapes) never change.
+            weights = save_blob({name: t.to(base_state[name].dtype).cpu() for name, t in trained.state.items()})
+            result.version = commit(self.stub, grant.lease_id, grant.job_id, weights, result.accept_length, self.metadata)
+        except (Preempted, ServerBusy):
             result.preempted = True
             result.preempt_latency_s = time.monotonic() - (self._busy_since or time.monotonic())
             self.stub.Release(ref, metadata=self.metadata)
@@ -301,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
             features=ServerFeatures(settings.server_url).many if settings.features == "server" else None,
             hand_off=hand_off,
             policy_source=lambda: served_model_path(settings.server_url),
+            device=settings.resolved_device(),
+            dtype=getattr(torch, settings.parts_dtype()),
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
 

@@ -17,11 +17,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load as load_blob
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from safetensors.torch import save as save_blob
 
 from tlt.local.process import GrpcServiceProcess
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.rpc.drafter_client import commit
+from tlt.store.weight_channel import WeightChannel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
 
@@ -61,6 +63,43 @@ def _code(call) -> grpc.StatusCode:
     with pytest.raises(grpc.RpcError) as info:
         call()
     return info.value.code()
+
+
+@pytest.mark.slow
+def test_a_drafter_of_a_gigabyte_commits_in_pieces(redis_server, tmp_path: Path) -> None:
+    """A 7B policy's drafter is about 1 GB in float32: over any one gRPC message's limit (the
+    unary Commit refuses it), through CommitStream it commits, and verifies, like a small one."""
+    args = ["--auth-token", TOKEN]  # the default lease TTL: a gigabyte takes seconds to move
+    process = GrpcServiceProcess("drafter_service", tmp_path / "service.log", args=args, env=redis_server.client_env())
+    with process.start(timeout_s=60), grpc.insecure_channel(process.target) as channel:
+        _commit_a_gigabyte(drafter_pb2_grpc.DrafterServiceStub(channel), redis_server, tmp_path)
+
+
+def _commit_a_gigabyte(stub, redis_server, tmp_path: Path) -> None:
+    base = tmp_path / "big-drafter"
+    base.mkdir()
+    (base / "config.json").write_text((BUNDLED_DRAFTER / "config.json").read_text())
+    big = {"layers.0.mlp.weight": torch.zeros(256, 1024 * 1024)}  # 2**28 float32: 1 GiB
+    save_file(big, str(base / "model.safetensors"))
+    job = _job()
+    stub.RegisterDrafter(
+        pb.RegisterDrafterRequest(job_id=job, policy_path=str(BUNDLED_MODEL), base_drafter_path=str(base)), metadata=AUTH
+    )
+    big["layers.0.mlp.weight"][7, 7] = 1.5
+    weights = save_blob(big)
+    del big
+    assert len(weights) > 2**30
+    grant = stub.Lease(pb.LeaseRequest(job_id=job, worker_id="pod-a"), metadata=AUTH)
+    unary = pb.CommitRequest(lease_id=grant.lease_id, job_id=job, weights=weights, accept_length=2.0)
+    assert _code(lambda: stub.Commit(unary, metadata=AUTH)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert commit(stub, grant.lease_id, job, weights, 2.0, AUTH) == 2
+    manifest, blob = WeightChannel(redis_server.settings.client(), job, "drafter").read(2)
+    assert manifest.size == len(weights) and blob == weights
+    mixed = [
+        pb.CommitRequest(lease_id=grant.lease_id, job_id=job, weights=b"x" * 16),
+        pb.CommitRequest(lease_id="0" * 32, job_id=job, weights=b"y"),
+    ]
+    assert _code(lambda: stub.CommitStream(iter(mixed), metadata=AUTH)) == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_register_lease_commit_get_and_export(stub, tmp_path: Path) -> None:

@@ -64,3 +64,27 @@ def test_bad_prompts_are_rejected(ids, message) -> None:
 def test_good_prompts_and_embedding_inputs_pass() -> None:
     check_prompt_ids([0, 15, 3], vocab_size=16)
     check_prompt_ids(None, vocab_size=16)
+
+
+def test_every_hook_target_exists_in_this_sglang() -> None:
+    """HookRegistry patches by dotted name: a name SGLang renamed would silently patch nothing."""
+    import importlib
+
+    from rollout_server import plugin
+
+    targets = [plugin._GET_LOADS, plugin._ADAPTIVE_POLICY, plugin._STREAM_OUTPUT, plugin._RUN_BATCH, plugin._VERIFY_USES_GREEDY,
+               plugin._AMX_FALLBACK_PASS, f"{plugin._WEIGHT_UPDATER}.release_memory_occupation",
+               f"{plugin._WEIGHT_UPDATER}.resume_memory_occupation"]  # fmt: skip
+    for target in targets:
+        module_name, _, rest = target.partition(".srt.")
+        parts = f"{module_name}.srt.{rest}".split(".")
+        for split in range(len(parts) - 1, 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:split]))
+            except ModuleNotFoundError:
+                continue
+            for name in parts[split:]:
+                obj = getattr(obj, name)
+            break
+        else:
+            pytest.fail(f"{target} not found")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tlt.paths import BUNDLED_MODEL
@@ -18,8 +18,7 @@ def test_a_gpu_run_publishes_bf16_weights_and_config_and_keeps_training_in_fp32(
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
     location = Path(DiskPolicyPublisher(tmp_path, dtype=torch.bfloat16).write(policy, tokenizer, 3))
     assert json.loads((location / "config.json").read_text())["dtype"] == "bfloat16"
-    with safe_open(location / "model.safetensors", "pt") as weights:
-        assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.bfloat16}
+    assert {t.dtype for t in load_file(location / "model.safetensors").values()} == {torch.bfloat16}
     assert {p.dtype for p in policy.parameters()} == {torch.float32}  # the master weights stay fp32
     loaded = AutoModelForCausalLM.from_pretrained(location)
     assert loaded.dtype == torch.bfloat16

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from tlt.drafter.model import EagleDrafter, PolicyParts
-from tlt.drafter.training import PolicySequence
+from tlt.drafter.training import PolicySequence, mixed_precision
 
 
 @torch.no_grad()
@@ -28,7 +28,8 @@ def chain_accept_lengths(
     starts: Sequence[int],
 ) -> list[int]:
     """Accept length at each start position p (a response position with `steps` tokens after)."""
-    ids = torch.tensor(sequence.token_ids)
+    device = features.device
+    ids = torch.tensor(sequence.token_ids, device=device)
     lengths = []
     for p in starts:
         tokens = ids[1 : p + 2].clone()  # x_1 .. x_{p+1}
@@ -37,15 +38,16 @@ def chain_accept_lengths(
         for i in range(steps):
             width = len(tokens)
             embeds = parts.embed_tokens(tokens)[None]
-            positions = torch.arange(width)[None]
-            mask = torch.ones(width, width, dtype=torch.bool).tril()[None, None]
-            predicted = drafter(embeds, feats[None], parts.position_embeddings(embeds, positions), mask)[0, -1]
-            draft = int(parts.lm_head(predicted).argmax())
+            positions = torch.arange(width, device=device)[None]
+            mask = torch.ones(width, width, dtype=torch.bool, device=device).tril()[None, None]
+            with mixed_precision(device):
+                predicted = drafter(embeds, feats[None], parts.position_embeddings(embeds, positions), mask)[0, -1]
+                draft = int(parts.lm_head(predicted).argmax())
             if draft != int(ids[p + 2 + i]):
                 break
             accepted += 1
-            tokens = torch.cat([tokens, torch.tensor([draft])])
-            feats = torch.cat([feats, predicted[None]])
+            tokens = torch.cat([tokens, torch.tensor([draft], device=device)])
+            feats = torch.cat([feats, predicted[None].to(feats.dtype)])
         lengths.append(accepted + 1)
     return lengths
 

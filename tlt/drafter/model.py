@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, PretrainedConfig, PreTrainedModel
+from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig, PreTrainedModel
 
 EAGLE_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLMEagle", "llama": "LlamaForCausalLMEagle"}
 
@@ -75,6 +76,26 @@ class EagleDrafter(nn.Module):
         return hidden
 
 
+def rotary_class(config: PretrainedConfig) -> type[nn.Module]:
+    """The transformers rotary-embedding class of `config`'s architecture."""
+    module = sys.modules[MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__module__]
+    (name,) = [n for n in vars(module) if n.endswith("RotaryEmbedding") and not n.startswith("_")]
+    return getattr(module, name)
+
+
+def read_tensors(checkpoint: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """These tensors of an HF safetensors checkpoint (single file or sharded), nothing else."""
+    index = checkpoint / "model.safetensors.index.json"
+    files = json.loads(index.read_text())["weight_map"] if index.is_file() else dict.fromkeys(names, "model.safetensors")
+    found: dict[str, torch.Tensor] = {}
+    for name in names:
+        if name not in files:
+            raise KeyError(f"{checkpoint}: no tensor {name}")
+        with safe_open(checkpoint / files[name], framework="pt") as shard:
+            found[name] = shard.get_tensor(name)
+    return found
+
+
 class PolicyParts:
     """The frozen pieces of the policy the drafter borrows: embedding, rotary embedding, LM head."""
 
@@ -84,6 +105,28 @@ class PolicyParts:
         self.rotary_emb = policy.model.rotary_emb
         for module in (self.embed_tokens, self.lm_head):
             module.requires_grad_(False)
+
+    @classmethod
+    def from_checkpoint(cls, path: Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> PolicyParts:
+        """Only the borrowed parts of an HF checkpoint (read tensor by tensor, never the whole
+        policy: a 7B policy is ~30 GB in float32, its embedding and head ~2 GB in bf16), in
+        `dtype` on `device`."""
+        config = AutoConfig.from_pretrained(path)
+        embed_key, head_key = "model.embed_tokens.weight", "lm_head.weight"
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        tensors = read_tensors(Path(path), [embed_key] if tied else [embed_key, head_key])
+        embed = tensors[embed_key].to(device=device, dtype=dtype)
+        head = embed if tied else tensors[head_key].to(device=device, dtype=dtype)
+        parts = cls.__new__(cls)
+        parts.embed_tokens = nn.Embedding.from_pretrained(embed, freeze=True)
+        parts.lm_head = nn.Linear(head.shape[1], head.shape[0], bias=False, device=device, dtype=dtype).requires_grad_(False)
+        parts.lm_head.weight = nn.Parameter(head, requires_grad=False)
+        parts.rotary_emb = rotary_class(config)(config=config).to(device)
+        return parts
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
 
     def position_embeddings(self, like: torch.Tensor, position_ids: torch.Tensor):
         return self.rotary_emb(like, position_ids)

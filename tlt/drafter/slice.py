@@ -78,8 +78,11 @@ def train_round(
     check: Callable[[], None] = lambda: None,
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
 ) -> RoundResult:
-    """Train a drafter from `base_state` on (sequences, features) and measure it before and after."""
-    drafter = EagleDrafter(policy_config)
+    """Train a drafter from `base_state` on (sequences, features) and measure it before and after,
+    on the parts' device (features are moved there)."""
+    train = (train[0], [f.to(parts.device) for f in train[1]])
+    held_out = (held_out[0], [f.to(parts.device) for f in held_out[1]])
+    drafter = EagleDrafter(policy_config).to(parts.device)
     drafter.load_state_dict(base_state)
     drafter.eval()
     before = held_out_accept_length(drafter, parts, *held_out, draft_steps, eval_every, check)

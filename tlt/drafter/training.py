@@ -39,6 +39,12 @@ class PackedBatch:
     loss_mask: torch.Tensor  # (rows, width) bool
     attention_mask: torch.Tensor  # (rows, 1, width, width) bool
 
+    def to(self, device: torch.device) -> PackedBatch:
+        """The batch on `device` (itself when it is there already)."""
+        if self.next_tokens.device == device:
+            return self
+        return PackedBatch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+
 
 class DrafterTrainingConfig(BaseModel):
     """Optimiser and batching of drafter training."""
@@ -50,6 +56,12 @@ class DrafterTrainingConfig(BaseModel):
     rows_per_step: int = Field(4, ge=1)
     epochs: int = Field(4, ge=1)
     seed: int = 0
+
+
+def mixed_precision(device: torch.device):
+    """bf16 autocast on GPUs (the borrowed parts are in the serving dtype there; the drafter's own
+    weights stay float32); nothing on the CPU."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
 @torch.no_grad()
@@ -117,7 +129,8 @@ def eagle_loss(
 
 
 def drafter_forward(drafter: EagleDrafter, parts: PolicyParts, batch: PackedBatch) -> torch.Tensor:
-    """Predicted features for a packed batch."""
+    """Predicted features for a packed batch (moved to the parts' device)."""
+    batch = batch.to(parts.device)
     embeds = parts.embed_tokens(batch.next_tokens)
     position_embeddings = parts.position_embeddings(embeds, batch.position_ids)
     return drafter(embeds, batch.features, position_embeddings, batch.attention_mask)
@@ -150,8 +163,10 @@ def train_drafter(
             optimizer.zero_grad(set_to_none=True)
             metrics: dict[str, float] = {}
             for batch in group:
-                predicted = drafter_forward(drafter, parts, batch)
-                loss, parts_metrics = eagle_loss(predicted, batch.targets, parts.lm_head, batch.loss_mask, config.ce_weight)
+                batch = batch.to(parts.device)
+                with mixed_precision(parts.device):
+                    predicted = drafter_forward(drafter, parts, batch)
+                    loss, parts_metrics = eagle_loss(predicted, batch.targets, parts.lm_head, batch.loss_mask, config.ce_weight)
                 (loss / len(group)).backward()
                 for key, value in {"loss": loss.item(), **parts_metrics}.items():
                     metrics[key] = metrics.get(key, 0.0) + value / len(group)

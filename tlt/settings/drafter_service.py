@@ -19,7 +19,10 @@ class DrafterServiceSettings(GrpcServerSettings):
     lease_ttl_s: int = Field(30, ge=1, le=3600, description="default lifetime of a spot-training lease")
     keep_versions: int = Field(5, ge=1, le=1000, description="drafter versions kept in Redis")
     max_message_bytes: int = Field(
-        256 * 1024 * 1024, ge=1024 * 1024, le=2**31 - 1, description="largest gRPC message (a commit carries weights)"
+        256 * 1024 * 1024, ge=1024 * 1024, le=2**31 - 1, description="largest gRPC message (a unary commit carries weights)"
+    )
+    max_commit_bytes: int = Field(
+        8 * 1024**3, ge=1024 * 1024, le=64 * 1024**3, description="largest drafter a (streamed) commit may carry"
     )
     workers: int = Field(8, ge=1, le=256, description="gRPC worker threads")
     data_dir: Path | None = Field(

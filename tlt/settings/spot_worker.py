@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings
 
-from tlt.settings.common import NAME_PATTERN, process_flags
+from tlt.settings.common import NAME_PATTERN, Device, DType, process_flags, resolve_device, resolve_dtype
 
 
 class SpotWorkerSettings(BaseSettings):
@@ -55,3 +55,22 @@ class SpotWorkerSettings(BaseSettings):
         description="torch threads for training on the CPU; more than the cores left free makes OpenMP "
         "spin against the rollout server (measured: the slice stalled until its neighbour went idle)",
     )
+    device: Device = Field(
+        "auto",
+        description="where slices train: on a GPU pod the GPU its idle server hands over (auto picks cuda when "
+        "usable and refuses a GPU torch cannot use)",
+    )
+    dtype: DType = Field(
+        "auto", description="dtype of the policy parts the drafter borrows (the serving one); auto: float32 on cpu, bfloat16 on cuda"
+    )
+
+    @model_validator(mode="after")
+    def _check_device(self) -> SpotWorkerSettings:
+        self.resolved_device()
+        return self
+
+    def resolved_device(self) -> Literal["cpu", "cuda"]:
+        return resolve_device(self.device)
+
+    def parts_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
+        return resolve_dtype(self.dtype, self.resolved_device())

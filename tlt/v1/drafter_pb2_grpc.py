@@ -59,6 +59,11 @@ class DrafterServiceStub:
                 request_serializer=tlt_dot_v1_dot_drafter__pb2.CommitRequest.SerializeToString,
                 response_deserializer=tlt_dot_v1_dot_drafter__pb2.CommitResult.FromString,
                 _registered_method=True)
+        self.CommitStream = channel.stream_unary(
+                '/tlt.v1.DrafterService/CommitStream',
+                request_serializer=tlt_dot_v1_dot_drafter__pb2.CommitRequest.SerializeToString,
+                response_deserializer=tlt_dot_v1_dot_drafter__pb2.CommitResult.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/tlt.v1.DrafterService/Release',
                 request_serializer=tlt_dot_v1_dot_drafter__pb2.LeaseRef.SerializeToString,
@@ -109,6 +114,15 @@ class DrafterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitStream(self, request_iterator, context):
+        """The same commit in pieces, for drafters larger than one gRPC message (a 7B policy's drafter is
+        about 1 GB in float32): every piece names the same lease and job, `weights` are consecutive
+        pieces of the blob, `accept_length` is read from the first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -152,6 +166,11 @@ def add_DrafterServiceServicer_to_server(servicer, server):
             ),
             'Commit': grpc.unary_unary_rpc_method_handler(
                     servicer.Commit,
+                    request_deserializer=tlt_dot_v1_dot_drafter__pb2.CommitRequest.FromString,
+                    response_serializer=tlt_dot_v1_dot_drafter__pb2.CommitResult.SerializeToString,
+            ),
+            'CommitStream': grpc.stream_unary_rpc_method_handler(
+                    servicer.CommitStream,
                     request_deserializer=tlt_dot_v1_dot_drafter__pb2.CommitRequest.FromString,
                     response_serializer=tlt_dot_v1_dot_drafter__pb2.CommitResult.SerializeToString,
             ),
@@ -304,6 +323,33 @@ class DrafterService:
             request,
             target,
             '/tlt.v1.DrafterService/Commit',
+            tlt_dot_v1_dot_drafter__pb2.CommitRequest.SerializeToString,
+            tlt_dot_v1_dot_drafter__pb2.CommitResult.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/tlt.v1.DrafterService/CommitStream',
             tlt_dot_v1_dot_drafter__pb2.CommitRequest.SerializeToString,
             tlt_dot_v1_dot_drafter__pb2.CommitResult.FromString,
             options,
