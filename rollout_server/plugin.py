@@ -53,7 +53,7 @@ _SAMPLED_VERIFY_OPS = {
 }
 _AMX_FALLBACK_PASS = "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks"
 _GET_LOADS = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_loads"
-_WEIGHT_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.WeightUpdater"
+_WEIGHT_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
 
 
 def _defined(name: str) -> bool:
