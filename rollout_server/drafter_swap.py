@@ -3,19 +3,25 @@
 A background thread follows the job's drafter weight channel (Redis pub/sub, then a verified pull)
 and stages each new version; the scheduler thread applies the staged version right before it runs
 its next batch, so no forward pass ever sees half-old, half-new weights. A blob that fails
-verification, or that does not fit the draft model, is rejected and the old drafter keeps
-serving. Tensors the EAGLE draft shares with the policy (embedding, LM head) are never written:
-such names are dropped from every blob.
+verification, whose tensor names are not those of the draft checkpoint the server started with
+(SGLang's loader skips an unknown name with a warning: a misnamed blob would count as swapped
+while changing nothing), or that does not fit the draft model, is rejected and the old drafter
+keeps serving. Tensors the EAGLE draft shares with the policy (embedding, LM head) are never
+written: such names are dropped from every blob. On a GPU the swap waits for the device first:
+without the overlap scheduler's guarantee, the previous batch may still run on its stream.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from tlt.store.connection import RedisSettings
@@ -29,6 +35,26 @@ SHARED_WITH_POLICY = ("embed_tokens", "lm_head")
 
 def _own_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p for name, p in model.named_parameters() if not any(s in name for s in SHARED_WITH_POLICY)}
+
+
+def _own(names) -> set[str]:
+    return {name for name in names if not any(s in name for s in SHARED_WITH_POLICY)}
+
+
+def checkpoint_tensor_names(checkpoint: Path) -> set[str]:
+    """The tensor names of a safetensors checkpoint (single file or sharded), without reading tensors."""
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        return set(json.loads(index.read_text())["weight_map"])
+    with safe_open(checkpoint / "model.safetensors", framework="pt") as weights:
+        return set(weights.keys())
+
+
+def _wait_for_device(models: list[nn.Module]) -> None:
+    """Let every kernel queued on the models' GPUs finish (the previous batch's forward included)."""
+    devices = {p.device for m in models for p in m.parameters() if p.device.type == "cuda"}
+    for device in devices:
+        torch.cuda.synchronize(device)
 
 
 class SwapMetrics:
@@ -45,10 +71,19 @@ class SwapMetrics:
 class DrafterSwapper:
     """Follows one weight channel and applies new versions to the draft models on request."""
 
-    def __init__(self, channel: WeightChannel, draft_models: Callable[[], list[nn.Module]], metrics: SwapMetrics | None = None) -> None:
+    def __init__(
+        self,
+        channel: WeightChannel,
+        draft_models: Callable[[], list[nn.Module]],
+        metrics: SwapMetrics | None = None,
+        expected_names: set[str] | None = None,
+    ) -> None:
+        """`expected_names`: the tensor names of the draft checkpoint the server loaded at start;
+        a version with other names is refused."""
         self.channel = channel
         self.draft_models = draft_models
         self.metrics = metrics
+        self.expected_names = _own(expected_names) if expected_names is not None else None
         self.version: int | None = None
         self.rejected: list[int] = []
         self._staged: tuple[WeightManifest, dict[str, torch.Tensor]] | None = None
@@ -89,6 +124,10 @@ class DrafterSwapper:
         own = {name: t for name, t in tensors.items() if not any(s in name for s in SHARED_WITH_POLICY)}
         if len(own) != len(tensors):
             logger.warning("TLT drafter v%d: dropped tensors shared with the policy", version)
+        if self.expected_names is not None and set(own) != self.expected_names:
+            missing, unknown = sorted(self.expected_names - set(own)), sorted(set(own) - self.expected_names)
+            self._reject(version, f"tensor names differ from the served draft's (missing {missing[:5]}, unknown {unknown[:5]})")
+            return
         with self._lock:
             self._staged = (manifest, own)
 
@@ -106,12 +145,12 @@ class DrafterSwapper:
             return False
         manifest, tensors = staged
         models = self.draft_models()
+        _wait_for_device(models)  # no kernel of the last batch may read a tensor we now copy or write
         snapshots = [{name: p.detach().clone() for name, p in _own_parameters(m).items()} for m in models]
         try:
             for model in models:
                 model.load_weights(list(tensors.items()))
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
+            _wait_for_device(models)
         except Exception as err:  # noqa: BLE001 (any loader error: undo, keep the old drafter)
             for model, snapshot in zip(models, snapshots):
                 params = _own_parameters(model)
@@ -142,7 +181,8 @@ def swapper_for(scheduler) -> DrafterSwapper | None:
     if not job or getattr(scheduler, "draft_worker", None) is None:
         return None
     channel = WeightChannel(RedisSettings().client(), job, "drafter")
-    swapper = DrafterSwapper(channel, lambda: draft_models_of(scheduler), SwapMetrics())
+    served = Path(scheduler.server_args.speculative_draft_model_path)
+    swapper = DrafterSwapper(channel, lambda: draft_models_of(scheduler), SwapMetrics(), checkpoint_tensor_names(served))
     swapper.start()
     logger.info("TLT drafter swap following job %s", job)
     return swapper

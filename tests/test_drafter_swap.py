@@ -60,13 +60,15 @@ def test_drafter_versions_swap_in_and_bad_ones_are_refused(redis_server, tmp_pat
         _wait_for(server, "tlt_drafter_version", v1.version)
         useless_accept = tokens_per_verification(server, prompts, reference, 120)
 
-        # A blob that does not fit the draft model, then one whose hash is wrong: both refused.
+        # A blob that does not fit the draft model, one whose tensors SGLang's loader would skip
+        # (misnamed: it would change nothing), then one whose hash is wrong: all refused.
         misfit = channel.publish({**useless, "fc.weight": torch.zeros(3, 3)}, parent=v1.version)
+        misnamed = channel.publish({f"model.{name}": t for name, t in good.items()}, parent=misfit.version)
         real_sha256 = hashlib.sha256
         with monkeypatch.context() as patch:  # the writer records the hash of other bytes
             patch.setattr(weight_channel.hashlib, "sha256", lambda data: real_sha256(data + b"!"))
-            bad_hash = channel.publish(useless, parent=misfit.version)
-        _wait_for(server, "tlt_drafter_rejected_total", 2)
+            bad_hash = channel.publish(useless, parent=misnamed.version)
+        _wait_for(server, "tlt_drafter_rejected_total", 3)
         assert _metric(server, "tlt_drafter_version") == v1.version
         assert tokens_per_verification(server, prompts, reference, 120) == pytest.approx(useless_accept)
 

@@ -18,7 +18,30 @@ HELM = Path(os.environ.get("TLT_HELM", ROOT / ".tools" / "helm"))
 KUBERNETES_VERSIONS = ("1.30.0", "1.32.0", "1.34.0")
 EVERY_FEATURE = {
     "model.draftPath": "/models/drafter",
-    "rollout.hpa.enabled": "true",
+    "rollout.autoscaling.enabled": "true",
+    "metrics.serviceMonitor.enabled": "true",
+    "rollout.runtimeClassName": "nvidia",
+    "trainer.runtimeClassName": "nvidia",
+    "priorityClassName": "rl-high",
+    "podAnnotations.team": "rl",
+    "extraEnv[0].name": "NCCL_DEBUG",
+    "extraEnv[0].value": "INFO",
+    "extraEnvFrom[0].secretRef.name": "hf",
+    "rollout.sglangArgs[0]": "--chunked-prefill-size",
+    "rollout.sglangArgs[1]": "8192",
+    "rollout.topologySpreadConstraints[0].maxSkew": "1",
+    "rollout.topologySpreadConstraints[0].topologyKey": "kubernetes.io/hostname",
+    "rollout.topologySpreadConstraints[0].whenUnsatisfiable": "ScheduleAnyway",
+    "rollout.extraVolumes[0].name": "cache",
+    "rollout.extraVolumes[0].emptyDir.medium": "Memory",
+    "rollout.extraVolumeMounts[0].name": "cache",
+    "rollout.extraVolumeMounts[0].mountPath": "/cache",
+    "redis.nodeSelector.pool": "cpu",
+    "model.volume.persistentVolumeClaim": "null",
+    "model.volume.emptyDir.sizeLimit": "100Gi",
+    "model.initContainers[0].name": "download",
+    "model.initContainers[0].image": "python:3.11-slim",
+    "model.initContainers[0].command[0]": "echo",
     "redis.persistence.enabled": "true",
     "trainer.policyChannel": "disk",
     "trainer.sharedVolume.existingClaim": "tlt-shared",
@@ -26,6 +49,7 @@ EVERY_FEATURE = {
     "imagePullSecrets[0].name": "registry",
     "tls.secretName": "tlt-tls",
 }
+CRD_KINDS = ("ScaledObject", "ServiceMonitor")
 EXTERNAL_REDIS = {"redis.enabled": "false", "redis.external.url": "redis://redis.example:6379/0", "auth.existingSecret": "tlt-creds"}
 
 
@@ -60,7 +84,10 @@ def test_lint_strict() -> None:
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_rendered_objects_are_valid_kubernetes(values: dict[str, str], version: str, tmp_path: Path) -> None:
     rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(yaml.safe_dump_all(_render(values)))
+    # KEDA's and the Prometheus Operator's kinds are CRDs, which these schemas do not hold (their
+    # fields are asserted in test_keda_scales_on_sglangs_queue_and_a_service_monitor_scrapes_it).
+    objects = [o for o in _render(values) if o["kind"] not in CRD_KINDS]
+    rendered.write_text(yaml.safe_dump_all(objects))
     command = [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet", "-k", version, str(rendered)]
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -90,14 +117,13 @@ def test_the_settings_configmap_names_only_real_settings_and_every_process_reads
     """Each TLT_<PROCESS>_<FIELD> key is a field of that process's settings model (tlt/settings/)."""
     from tlt.settings.drafter_service import DrafterServiceSettings
     from tlt.settings.policy_follower import PolicyFollowerSettings
+    from tlt.settings.rollout_server import RolloutServerSettings
     from tlt.settings.spot_worker import SpotWorkerSettings
     from tlt.settings.trainer import TrainerSettings
     from tlt.store.connection import RedisSettings
 
-    by_prefix = {
-        m.model_config["env_prefix"]: m
-        for m in (TrainerSettings, DrafterServiceSettings, SpotWorkerSettings, PolicyFollowerSettings, RedisSettings)
-    }
+    models = (TrainerSettings, DrafterServiceSettings, SpotWorkerSettings, PolicyFollowerSettings, RedisSettings, RolloutServerSettings)
+    by_prefix = {m.model_config["env_prefix"]: m for m in models}
     objects = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
     configmap = _one(objects, "ConfigMap", "-settings")
     for key in configmap["data"]:
@@ -119,31 +145,106 @@ def test_rbac_grants_exactly_list_and_watch_of_endpointslices() -> None:
     assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
 
 
-def test_the_pdb_covers_the_rollout_pods_and_the_hpa_is_optional() -> None:
+def test_the_pdb_covers_the_rollout_pods_and_updates_need_no_spare_gpu() -> None:
     objects = _render()
     pdb = _one(objects, "PodDisruptionBudget", "-rollout")
     rollout = _one(objects, "Deployment", "-rollout")
     assert pdb["spec"]["selector"]["matchLabels"] == rollout["spec"]["selector"]["matchLabels"]
-    assert not [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
-    scaled = _render({"rollout.hpa.enabled": "true", "rollout.hpa.maxReplicas": "6"})
-    hpa = _one(scaled, "HorizontalPodAutoscaler", "-rollout")
-    assert hpa["spec"]["maxReplicas"] == 6 and hpa["spec"]["scaleTargetRef"]["name"] == rollout["metadata"]["name"]
-    assert "replicas" not in _one(scaled, "Deployment", "-rollout")["spec"]  # the HPA owns it
+    # A surge pod would wait forever for a GPU on a full cluster.
+    assert rollout["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert not [o for o in objects if o["kind"] in ("HorizontalPodAutoscaler", *CRD_KINDS)]
+
+
+def test_keda_scales_on_sglangs_queue_and_a_service_monitor_scrapes_it() -> None:
+    objects = _render({"rollout.autoscaling.enabled": "true", "rollout.autoscaling.maxReplicas": "6", "metrics.serviceMonitor.enabled": "true",
+                       "metrics.serviceMonitor.labels.release": "prometheus"})  # fmt: skip
+    rollout, service = _one(objects, "Deployment", "-rollout"), _one(objects, "Service", "-rollout")
+    scaled = _one(objects, "ScaledObject", "-rollout")
+    assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["spec"]["maxReplicaCount"] == 6
+    assert scaled["spec"]["scaleTargetRef"]["name"] == rollout["metadata"]["name"]
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and "sglang:num_queue_reqs" in trigger["metadata"]["query"]
+    assert service["metadata"]["name"] in trigger["metadata"]["query"] and trigger["metadata"]["threshold"] == "32"
+    assert "replicas" not in rollout["spec"]  # KEDA owns it
+    monitor = _one(objects, "ServiceMonitor", "-rollout")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert all(service["metadata"]["labels"][k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    assert monitor["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+
+
+def test_gpu_pods_pin_their_device_and_no_other_container_sees_the_nodes_gpus() -> None:
+    objects = _render({"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis"})
+    settings = _one(objects, "ConfigMap", "-settings")["data"]
+    assert settings["TLT_ROLLOUT_DEVICE"] == settings["TLT_TRAINER_DEVICE"] == "cuda" and settings["TLT_SPOT_DEVICE"] == "cpu"
+    for suffix, container in (("-rollout", "spot-worker"), ("-rollout", "policy-follower"), ("-drafter", "drafter-service")):
+        env = {e["name"]: e.get("value") for e in _containers(_one(objects, "Deployment", suffix))[container]["env"]}
+        assert env["NVIDIA_VISIBLE_DEVICES"] == "void", container
+        assert "nvidia.com/gpu" not in str(_containers(_one(objects, "Deployment", suffix))[container].get("resources"))
+    for suffix, container in (("-rollout", "rollout-server"), ("-trainer", "trainer")):
+        spec = _containers(_one(objects, "Deployment", suffix))[container]
+        assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in spec["env"]}
+        assert spec["resources"]["limits"]["nvidia.com/gpu"] == 1
+    shm = next(v for v in _one(objects, "Deployment", "-rollout")["spec"]["template"]["spec"]["volumes"] if v["name"] == "shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+
+
+def test_sglang_flags_go_after_the_double_dash_and_tlt_flags_before() -> None:
+    values = {"rollout.extraArgs[0]": "--cpu-threads", "rollout.extraArgs[1]": "2", "rollout.sglangArgs[0]": "--chunked-prefill-size",
+              "rollout.sglangArgs[1]": "8192"}  # fmt: skip
+    args = _containers(_one(_render(values), "Deployment", "-rollout"))["rollout-server"]["args"]
+    split = args.index("--")
+    assert args[split + 1 :] == ["--chunked-prefill-size", "8192"] and args.index("--cpu-threads") < split
+    assert "--" not in _containers(_one(_render(), "Deployment", "-rollout"))["rollout-server"]["args"]
+
+
+def test_the_pods_carry_what_users_add_env_volumes_metadata_and_placement() -> None:
+    objects = _render(EVERY_FEATURE)
+    for workload in (o for o in objects if o["kind"] == "Deployment"):
+        pod = workload["spec"]["template"]
+        assert pod["metadata"]["annotations"]["team"] == "rl" and pod["spec"]["priorityClassName"] == "rl-high"
+        for container in pod["spec"]["containers"]:
+            assert {"name": "NCCL_DEBUG", "value": "INFO"} in container["env"], container["name"]
+            assert {"secretRef": {"name": "hf"}} in container["envFrom"]
+    rollout = _one(objects, "Deployment", "-rollout")["spec"]["template"]["spec"]
+    assert rollout["runtimeClassName"] == "nvidia" and rollout["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert {"name": "cache", "mountPath": "/cache"} in _containers(_one(objects, "Deployment", "-rollout"))["rollout-server"]["volumeMounts"]
+    (download,) = rollout["initContainers"]
+    assert download["name"] == "download" and download["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    assert {"name": "models", "emptyDir": {"sizeLimit": "100Gi"}} in rollout["volumes"]
+    assert _one(objects, "Deployment", "-trainer")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    redis = _one(objects, "StatefulSet", "-redis")["spec"]["template"]["spec"]
+    assert redis["nodeSelector"] == {"pool": "cpu"}
+    args = redis["containers"][0]["args"]
+    assert args[args.index("--maxmemory") + 1] == "3gb" and args[args.index("--maxmemory-policy") + 1] == "noeviction"
 
 
 def test_speculation_sidecars_and_policy_channel() -> None:
-    plain = _containers(_one(_render(), "Deployment", "-rollout"))
+    plain = _containers(_one(_render({"trainer.policyChannel": "redis"}), "Deployment", "-rollout"))
     assert set(plain) == {"rollout-server", "policy-follower"}  # no drafter: SD off, no spot worker
     server_args = plain["rollout-server"]["args"]
     assert server_args[server_args.index("--speculative") + 1] == "off"
-    full = _containers(_one(_render({"model.draftPath": "/models/drafter"}), "Deployment", "-rollout"))
+    full = _containers(_one(_render({"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis"}), "Deployment", "-rollout"))
     assert set(full) == {"rollout-server", "spot-worker", "policy-follower"}
     args = full["rollout-server"]["args"]
     assert args[args.index("--speculative") + 1] == "adaptive" and args[args.index("--drafter-job") + 1] == "tlt-job"
     disk = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
     assert "policy-follower" not in _containers(_one(disk, "Deployment", "-rollout"))
-    result = _helm("template", "rl", str(CHART), "--set", "trainer.policyChannel=disk")
-    assert result.returncode != 0 and "sharedVolume.existingClaim is required" in result.stderr
+    assert not [o for o in disk if o["kind"] == "PersistentVolumeClaim"]  # the user's claim is used
+
+
+def test_by_default_policies_go_through_a_shared_read_write_many_volume() -> None:
+    """The Redis channel cannot carry a 7B policy; the default is the disk channel on a claim the
+    chart creates (kept on uninstall), mounted read-only by every rollout pod."""
+    objects = _render()
+    claim = _one(objects, "PersistentVolumeClaim", "-shared")
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"] and claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    settings = _one(objects, "ConfigMap", "-settings")["data"]
+    assert settings["TLT_TRAINER_POLICY_CHANNEL"] == "disk" and settings["TLT_TRAINER_POLICY_DIR"] == "/shared/policy"
+    for suffix, read_only in (("-rollout", True), ("-trainer", False)):
+        pod = _one(objects, "Deployment", suffix)["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "shared")
+        assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert volume["persistentVolumeClaim"].get("readOnly", False) is read_only
 
 
 def test_external_redis_and_an_existing_secret() -> None:

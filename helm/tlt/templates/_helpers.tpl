@@ -37,11 +37,73 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- end -}}
 
-{{/* every TLT process: the settings ConfigMap */}}
+{{/* every TLT process: the settings ConfigMap, then the user's extraEnvFrom */}}
 {{- define "tlt.settingsFrom" -}}
 envFrom:
   - configMapRef:
       name: {{ include "tlt.fullname" . }}-settings
+  {{- with .Values.extraEnvFrom }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/* every TLT process: the user's extraEnv (inside an env list) */}}
+{{- define "tlt.extraEnv" -}}
+{{- with .Values.extraEnv }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* a container that must not see the node's GPUs (the CUDA image says NVIDIA_VISIBLE_DEVICES=all,
+     which the NVIDIA runtime honours for containers that request no GPU) */}}
+{{- define "tlt.noGpu" -}}
+- name: NVIDIA_VISIBLE_DEVICES
+  value: void
+{{- end -}}
+
+{{/* pod metadata of a TLT workload: (dict "ctx" $ "component" "rollout") */}}
+{{- define "tlt.podMetadata" -}}
+annotations:
+  {{- include "tlt.settingsChecksum" .ctx | nindent 2 }}
+  {{- with .ctx.Values.podAnnotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+labels:
+  {{- include "tlt.labels" .ctx | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  {{- with .ctx.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end -}}
+
+{{/* scheduling of one workload: (dict "ctx" $ "c" <its values>) */}}
+{{- define "tlt.scheduling" -}}
+{{- with .ctx.Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .c.runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- with .c.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- include "tlt.placement" .c }}
+{{- end -}}
+
+{{/* the claim policy versions and runs go through with policyChannel disk */}}
+{{- define "tlt.sharedClaim" -}}
+{{- .Values.trainer.sharedVolume.existingClaim | default (printf "%s-shared" (include "tlt.fullname" .)) -}}
+{{- end -}}
+
+{{/* init containers that fill the model volume (read-write), e.g. a download */}}
+{{- define "tlt.modelInit" -}}
+{{- if .Values.model.initContainers }}
+initContainers:
+  {{- range .Values.model.initContainers }}
+  - {{- toYaml (merge (deepCopy .) (dict "volumeMounts" (list (dict "name" "models" "mountPath" $.Values.model.mountPath)) "env" $.Values.extraEnv "envFrom" $.Values.extraEnvFrom "securityContext" $.Values.securityContext)) | nindent 4 }}
+  {{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* pods restart when the settings change */}}
@@ -118,3 +180,8 @@ livenessProbe:
   periodSeconds: 20
   failureThreshold: 6
 {{- end }}
+
+{{/* whether the trainer writes its runs to the shared volume: with the disk channel, or a claim given */}}
+{{- define "tlt.trainerShared" -}}
+{{- or (eq .Values.trainer.policyChannel "disk") (ne .Values.trainer.sharedVolume.existingClaim "") -}}
+{{- end -}}
