@@ -108,6 +108,7 @@ class BanditSpecPolicy:
             raise ValueError("SGLang's adaptive worker switches chains only: every arm needs topk 1")
         self.bandit = SpeculationBandit(config)
         self._arms = {arm.draft_steps: arm for arm in config.arms}
+        self._cuda_graph_bs: list[int] | None = None
         self.synchronous_launch = cpu_engine_requested() if synchronous_launch is None else synchronous_launch
         # Steps launched and not yet reported, oldest first.
         self._pending: deque[_Step] = deque(maxlen=8)
@@ -126,11 +127,18 @@ class BanditSpecPolicy:
         return sorted(self._arms)
 
     def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
-        """Every arm is available at every batch size; graph sizes do not restrict the choice."""
+        """The batch sizes SGLang captures CUDA graphs at (None: graphs are off, as on the CPU)."""
+        self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
 
     def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
-        """No per-step pruning of CUDA-graph batch sizes (None = SGLang keeps its own list)."""
-        return None
+        """Graph sizes the runtime state of `step` draft steps needs: every size for plain decoding,
+        for a speculative arm only those up to the bandit's `max_speculative_batch` (it never runs
+        above). None: SGLang keeps its own list (graphs off)."""
+        if self._cuda_graph_bs is None or step == 0:
+            return self._cuda_graph_bs
+        cap = self.bandit.config.max_speculative_batch
+        covering = next((size for size in self._cuda_graph_bs if size >= cap), None)  # padded up to a graph
+        return [size for size in self._cuda_graph_bs if size <= (covering or cap)]
 
     def get_steps_for_batch(self, batch_size: int) -> int:
         """The draft length of the next decode step of a batch of this size."""

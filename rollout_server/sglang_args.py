@@ -33,10 +33,15 @@ def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | No
     max_total_tokens = s.max_total_tokens
     if max_total_tokens is None and device == "cpu":
         max_total_tokens = 65536
+    max_running = s.max_running_requests or (SPECULATIVE_MAX_RUNNING_REQUESTS if s.speculative != "off" else None)
+    # On a GPU the bulk of a rollout runs plain decoding at up to `max_running` requests: its CUDA
+    # graphs must cover that range (SGLang's default stops at 256 or less), while the speculative
+    # arms capture only up to the bandit's cap (`adaptive_policy.cuda_graph_bs_for_step`).
+    graphs_to = max_running if device == "cuda" and max_running and "--cuda-graph-max-bs" not in s.sglang_args else None
     optional = {
         "--max-total-tokens": max_total_tokens,
-        "--max-running-requests": s.max_running_requests
-        or (SPECULATIVE_MAX_RUNNING_REQUESTS if s.speculative != "off" else None),
+        "--max-running-requests": max_running,
+        "--cuda-graph-max-bs": graphs_to,
         "--context-length": s.context_length,
         "--mem-fraction-static": s.mem_fraction_static,
         "--random-seed": s.random_seed,

@@ -39,7 +39,23 @@ def test_config_file_gives_sglang_the_arms_and_the_policy_its_config(tmp_path: P
     policy = BanditSpecPolicy(initial_steps=3, cfg_path=str(path), metrics=SpecMetrics(CollectorRegistry()))
     assert policy.candidate_steps == [0, 1, 3]
     assert policy.bandit.config.exploration == 0.3
-    assert policy.cuda_graph_bs_for_step(1) is None
+    assert policy.cuda_graph_bs_for_step(1) is None  # graphs off (the CPU)
+
+
+def test_speculative_arms_capture_graphs_only_up_to_the_batch_they_may_run_at(tmp_path: Path) -> None:
+    """Each runtime state captures draft, draft-extend and verify graphs at every size it gets:
+    the speculative arms get the sizes up to `max_speculative_batch`, plain decoding all of them."""
+    config = BanditConfig(arms=[SpecArm(draft_steps=s) for s in (0, 2, 4)], max_speculative_batch=48)
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(adaptive_config_file(config)))
+    policy = BanditSpecPolicy(initial_steps=4, cfg_path=str(path), metrics=SpecMetrics(CollectorRegistry()))
+    sizes = [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 128, 256, 512, 1024]
+    policy.set_cuda_graph_bs(sizes)
+    assert policy.cuda_graph_bs_for_step(0) == sizes
+    assert policy.cuda_graph_bs_for_step(2) == policy.cuda_graph_bs_for_step(4) == [1, 2, 4, 8, 16, 24, 32, 40, 48]
+    policy.set_cuda_graph_bs([1, 2, 4, 8, 16, 32, 64, 128])  # 48 pads up to the graph of 64
+    assert policy.cuda_graph_bs_for_step(4) == [1, 2, 4, 8, 16, 32, 64]
+    assert {policy.get_steps_for_batch(b) for b in (49, 100, 1024)} == {0}  # never speculates above the cap
 
 
 def test_tree_arms_are_refused(tmp_path: Path) -> None:

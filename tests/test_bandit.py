@@ -100,3 +100,13 @@ def test_buckets_and_validation() -> None:
         BanditConfig(bucket_bounds=[4, 4])
     with pytest.raises(ValidationError):
         BanditConfig(arms=[SpecArm(draft_steps=1), SpecArm(draft_steps=1)])
+
+
+def test_above_the_speculative_batch_cap_only_plain_decoding_runs() -> None:
+    bandit = SpeculationBandit(BanditConfig(max_speculative_batch=32))
+    for arm in bandit.config.arms:  # the longest chain pays best, at both sizes
+        for batch in (32, 33):
+            bandit.update(batch, arm, tokens=10 * (arm.draft_steps + 1), seconds=1.0)
+    assert bandit.choose(32).draft_steps == 4
+    assert bandit.choose(33).draft_steps == 0
+    assert SpeculationBandit(BanditConfig(arms=[SpecArm(draft_steps=2)], max_speculative_batch=1)).choose(50).draft_steps == 2

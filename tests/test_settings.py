@@ -209,3 +209,15 @@ def test_the_trainer_uses_the_device_it_is_given_and_publishes_in_its_dtype(monk
     monkeypatch.setattr(common, "cuda_available", lambda: True)
     gpu = TrainerSettings()
     assert gpu.resolved_device() == "cuda" and gpu.publish_dtype() == "bfloat16"
+
+
+def test_gpu_plain_decoding_graphs_cover_the_running_batch(model_dir: Path, usable_gpu: None, tmp_path: Path) -> None:
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
+    adaptive = RolloutServerSettings(model_path=model_dir, speculative="adaptive", draft_model_path=drafter)
+    argv = sglang_argv(adaptive, tmp_path / "adaptive.json")
+    assert argv[argv.index("--cuda-graph-max-bs") + 1] == argv[argv.index("--max-running-requests") + 1] == "1024"
+    mine = adaptive.model_copy(update={"sglang_args": ["--cuda-graph-max-bs", "128"]})
+    assert sglang_argv(mine, tmp_path / "adaptive.json").count("--cuda-graph-max-bs") == 1
+    assert "--cuda-graph-max-bs" not in sglang_argv(RolloutServerSettings(model_path=model_dir, device="cpu"))

@@ -37,6 +37,13 @@ class BanditConfig(BaseModel):
         description="upper bounds (exclusive) of the batch-size buckets; the last bucket is open",
     )
     arms: list[SpecArm] = Field(default_factory=lambda: [SpecArm(draft_steps=s) for s in (0, 1, 2, 3, 4)])
+    max_speculative_batch: int = Field(
+        64,
+        ge=1,
+        description="speculative arms run (and get CUDA graphs) only up to this running batch size; above it "
+        "every step is plain decoding. Each speculative arm captures draft, draft-extend and verify graphs at "
+        "each batch size it may see: without a cap, start-up takes minutes (or runs out of memory on a big model)",
+    )
     exploration: float = Field(0.1, ge=0, description="UCB exploration weight")
     discount: float = Field(0.995, gt=0, le=1, description="per-update decay of a bucket's statistics")
 
@@ -81,7 +88,10 @@ class SpeculationBandit:
         return bisect.bisect_right(self.config.bucket_bounds, batch_size)
 
     def choose(self, batch_size: int) -> SpecArm:
-        """The arm to run next at this batch size: each arm once, then the best UCB score."""
+        """The arm to run next at this batch size: plain decoding above `max_speculative_batch`,
+        else each arm once, then the best UCB score."""
+        if batch_size > self.config.max_speculative_batch and self.off_arm is not None:
+            return self.off_arm
         bucket = self._buckets[self.bucket_of(batch_size)]
         untried = [i for i, c in enumerate(bucket.counts) if c == 0]
         if untried:
@@ -96,6 +106,11 @@ class SpeculationBandit:
 
             arm = max(range(len(bucket.counts)), key=score)
         return self.config.arms[arm]
+
+    @property
+    def off_arm(self) -> SpecArm | None:
+        """The arm without speculation, if the configuration has one."""
+        return next((arm for arm in self.config.arms if not arm.speculative), None)
 
     def update(self, batch_size: int, arm: SpecArm, tokens: int, seconds: float) -> None:
         """Record that `arm` produced `tokens` accepted tokens in `seconds` at this batch size."""
