@@ -24,6 +24,7 @@ from rollout_server.cpu import attention, ops, sampling
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV, swapper_for
 from rollout_server.request_checks import check_prompt_ids
 from rollout_server.sample_recorder import SAMPLES_JOB_ENV, recorder_from_env
+from rollout_server.server_features import install_features_route
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,14 @@ def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:
     check_prompt_ids(input_ids, manager.model_config.vocab_size)
 
 
+def _in_http_process() -> bool:
+    """Whether this is SGLang's HTTP server process (the launcher's), where its FastAPI app serves;
+    the scheduler and detokenizer are multiprocessing children."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is None
+
+
 def register() -> None:
     """Plugin entry point."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -191,6 +200,8 @@ def register() -> None:
         HookType.BEFORE,
     )
     HookRegistry.register(_GET_LOADS, _count_requests_not_yet_scheduled, HookType.AROUND)
+    if _in_http_process():
+        install_features_route()
     HookRegistry.register(f"{_WEIGHT_UPDATER}.release_memory_occupation", _idempotent_release, HookType.AROUND)
     HookRegistry.register(f"{_WEIGHT_UPDATER}.resume_memory_occupation", _idempotent_resume, HookType.AROUND)
     # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.

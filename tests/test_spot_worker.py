@@ -19,7 +19,7 @@ import grpc
 import pytest
 import requests
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollout_server.memory_handoff import HandOffMarker, MemoryHandOff, recover_hand_off
 from rollout_server.server_features import ServerFeatures
@@ -78,9 +78,13 @@ def test_server_features_are_the_policys_and_are_not_samples(setup, redis_server
     stream = SamplesStream(redis_server.settings.client(), JOB)
     before = len(stream)
     sequences = [r.prompt_ids + r.output_ids for r in stream.latest(5)]
-    for token_ids, features in zip(sequences, worker.features(sequences), strict=True):  # one batched prefill
-        torch.testing.assert_close(features, policy_features(worker.policy, token_ids), atol=1e-4, rtol=1e-4)
+    policy = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    for token_ids, features in zip(sequences, worker.features(sequences), strict=True):  # one batched prefill, binary
+        torch.testing.assert_close(features, policy_features(policy, token_ids), atol=1e-4, rtol=1e-4)
     assert len(stream) == before
+    assert not hasattr(worker, "policy")  # with server features the worker holds only the borrowed parts
+    bad = requests.post(f"{setup[0].url}/tlt/features", json={"input_ids": [[]]}, timeout=30)
+    assert bad.status_code == 400
 
 
 def test_an_idle_slice_commits_a_better_drafter(setup) -> None:
