@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -17,6 +20,8 @@ from rollout_server.drafter_swap import DRAFTER_JOB_ENV
 from rollout_server.sample_recorder import SAMPLES_JOB_ENV
 from rollout_server.sglang_args import bandit_config, sglang_argv
 from tlt.settings.rollout_server import RolloutServerSettings
+
+logger = logging.getLogger(__name__)
 
 
 def parse_settings(argv: list[str]) -> RolloutServerSettings:
@@ -33,6 +38,34 @@ def _split_at_double_dash(argv: list[str]) -> tuple[list[str], bool, list[str]]:
         i = argv.index("--")
         return argv[:i], True, argv[i + 1 :]
     return argv, False, []
+
+
+class SpotWorkerChild:
+    """`python -m rollout_server.spot_worker` beside the server, in its process tree (so on its
+    GPU), restarted `restart_s` after it exits until `stop()`; its flags come from TLT_SPOT_*."""
+
+    def __init__(self, restart_s: float = 5.0) -> None:
+        self.restart_s = restart_s
+        self._stop = threading.Event()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._thread = threading.Thread(target=self._run, name="tlt-spot-worker", daemon=True)
+
+    def start(self) -> SpotWorkerChild:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._process = subprocess.Popen([sys.executable, "-m", "rollout_server.spot_worker"], stdin=subprocess.DEVNULL)
+            code = self._process.wait()
+            if not self._stop.is_set():
+                logger.warning("spot worker exited with %s; restarting it in %.0f s", code, self.restart_s)
+                self._stop.wait(self.restart_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
 
 
 def serve(settings: RolloutServerSettings) -> None:
@@ -59,9 +92,13 @@ def serve(settings: RolloutServerSettings) -> None:
             adaptive_config = Path(scratch) / "adaptive.json"
             adaptive_config.write_text(json.dumps(adaptive_config_file(bandit_config(settings))))
         server_args = prepare_server_args(sglang_argv(settings, adaptive_config))
+        # It waits for the server itself (the worker polls it until it answers).
+        spot_worker = SpotWorkerChild().start() if settings.spot_worker else None
         try:
             run_server(server_args)
         finally:
+            if spot_worker is not None:
+                spot_worker.stop()
             kill_process_tree(os.getpid(), include_parent=False)
 
 

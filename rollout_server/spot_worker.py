@@ -99,6 +99,17 @@ class SliceResult:
     ended_at: float = 0.0  # ... and when the slice let go of it
 
 
+def wait_for_server(server_url: str, poll_s: float = 2.0) -> None:
+    """Until the server answers (a worker starts beside it, as a sidecar or its child). `/v1/loads`,
+    not `/health`: that one generates, and waits forever on a server a killed worker left paused."""
+    while True:
+        try:
+            server_load(server_url)
+            return
+        except requests.RequestException:
+            time.sleep(poll_s)
+
+
 def served_model_path(server_url: str) -> str:
     """The checkpoint the SGLang server serves now (moved by `/update_weights_from_disk`)."""
     return model_info(server_url).get("model_path", "")
@@ -301,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         training=spot_training(settings.epochs, settings.lr),
     )
     marker = HandOffMarker(client, settings.job_id, settings.worker_id)
+    wait_for_server(settings.server_url)
     recover_hand_off(settings.server_url, marker)
     hand_off: Callable[[], AbstractContextManager] = nullcontext
     if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):

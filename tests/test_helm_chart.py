@@ -173,9 +173,12 @@ def test_keda_scales_on_sglangs_queue_and_a_service_monitor_scrapes_it() -> None
 
 
 def test_gpu_pods_pin_their_device_and_no_other_container_sees_the_nodes_gpus() -> None:
-    objects = _render({"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis"})
+    values = {"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis", "rollout.spotWorker.placement": "sidecar"}
+    objects = _render(values)
     settings = _one(objects, "ConfigMap", "-settings")["data"]
     assert settings["TLT_ROLLOUT_DEVICE"] == settings["TLT_TRAINER_DEVICE"] == "cuda" and settings["TLT_SPOT_DEVICE"] == "cpu"
+    in_server = _one(_render({"model.draftPath": "/models/drafter"}), "ConfigMap", "-settings")["data"]
+    assert in_server["TLT_SPOT_DEVICE"] == "cuda"  # the server's child trains on the server's GPU
     for suffix, container in (("-rollout", "spot-worker"), ("-rollout", "policy-follower"), ("-drafter", "drafter-service")):
         env = {e["name"]: e.get("value") for e in _containers(_one(objects, "Deployment", suffix))[container]["env"]}
         assert env["NVIDIA_VISIBLE_DEVICES"] == "void", container
@@ -224,9 +227,18 @@ def test_speculation_sidecars_and_policy_channel() -> None:
     server_args = plain["rollout-server"]["args"]
     assert server_args[server_args.index("--speculative") + 1] == "off"
     full = _containers(_one(_render({"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis"}), "Deployment", "-rollout"))
-    assert set(full) == {"rollout-server", "spot-worker", "policy-follower"}
+    # The spot worker is the server's child by default: the pod's GPU is visible to that container only.
+    assert set(full) == {"rollout-server", "policy-follower"}
     args = full["rollout-server"]["args"]
     assert args[args.index("--speculative") + 1] == "adaptive" and args[args.index("--drafter-job") + 1] == "tlt-job"
+    assert "--spot-worker" in args and "--spot-worker" not in server_args
+    env = {e["name"]: e for e in full["rollout-server"]["env"]}
+    assert env["TLT_SPOT_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name" and "TLT_SPOT_AUTH_TOKEN" in env
+    values = {"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis", "rollout.spotWorker.placement": "sidecar"}
+    sidecar = _render(values)
+    assert set(_containers(_one(sidecar, "Deployment", "-rollout"))) == {"rollout-server", "spot-worker", "policy-follower"}
+    assert "--spot-worker" not in _containers(_one(sidecar, "Deployment", "-rollout"))["rollout-server"]["args"]
+    assert _one(sidecar, "ConfigMap", "-settings")["data"]["TLT_SPOT_DEVICE"] == "cpu"
     disk = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
     assert "policy-follower" not in _containers(_one(disk, "Deployment", "-rollout"))
     assert not [o for o in disk if o["kind"] == "PersistentVolumeClaim"]  # the user's claim is used
@@ -276,7 +288,7 @@ def test_tls_serves_both_grpc_services_and_their_clients_verify_with_the_ca() ->
     settings = _one(objects, "ConfigMap", "-settings")["data"]
     assert settings["TLT_DRAFTER_TLS_CERT_FILE"] == settings["TLT_TRAINER_TLS_CERT_FILE"] == "/etc/tlt/tls/tls.crt"
     assert settings["TLT_TRAINER_DRAFTER_TLS_CA_FILE"] == settings["TLT_SPOT_TLS_CA_FILE"] == "/etc/tlt/tls/ca.crt"
-    mounted = {"-drafter": "drafter-service", "-trainer": "trainer", "-rollout": "spot-worker"}
+    mounted = {"-drafter": "drafter-service", "-trainer": "trainer", "-rollout": "rollout-server"}  # its spot worker
     for suffix, container in mounted.items():
         pod = _one(objects, "Deployment", suffix)["spec"]["template"]["spec"]
         assert {"name": "tls", "secret": {"secretName": "tlt-tls"}} in pod["volumes"]

@@ -89,6 +89,12 @@ class RolloutServerSettings(BaseSettings):
         description="append every finished sequence (token ids) to this job's samples stream in Redis",
     )
     enable_metrics: bool = Field(False, description="Prometheus metrics at /metrics (SGLang's and TLT's)")
+    spot_worker: bool = Field(
+        False,
+        description="also run this server's spot worker (`python -m rollout_server.spot_worker`, its flags from "
+        "TLT_SPOT_* variables) as a child, restarted when it dies: on a GPU pod it then trains on the server's GPU, "
+        "which a sidecar container cannot see",
+    )
     cpu_threads: int = Field(
         1,
         ge=1,

@@ -1,0 +1,81 @@
+"""`python -m rollout_server --spot-worker`: the spot worker as the server's own child (how a GPU pod
+runs it, so that it trains on the server's GPU), trained from, restarted when killed, stopped with
+the server. Real processes: Redis, the drafter service, the server and its worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+import requests
+from transformers import AutoTokenizer
+
+from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
+from tlt.store.weight_channel import WeightChannel
+from tlt.tasks import GcdTask
+from tlt.v1 import drafter_pb2 as pb
+from tlt.v1 import drafter_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+
+def _workers_in(group: int) -> list[int]:
+    """Live spot-worker processes in this process group."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == group and state != "Z" and b"rollout_server.spot_worker" in cmdline:
+            found.append(int(proc.name))
+    return found
+
+
+def _until(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_servers_own_spot_worker_trains_is_restarted_and_stops_with_it(redis_server, tmp_path: Path) -> None:
+    job = f"child-{uuid.uuid4().hex[:6]}"
+    env = redis_server.client_env()
+    with GrpcServiceProcess("drafter_service", tmp_path / "service.log", env=env).start(timeout_s=60) as service:
+        with grpc.insecure_channel(service.target) as channel:
+            drafter_pb2_grpc.DrafterServiceStub(channel).RegisterDrafter(
+                pb.RegisterDrafterRequest(job_id=job, policy_path=str(BUNDLED_MODEL))  # fresh: v1, much to learn
+            )
+        args = ["--spot-worker", "--speculative", "adaptive", "--draft-model-path", str(BUNDLED_DRAFTER), "--samples-job", job]
+        server = RolloutServerProcess(BUNDLED_MODEL, tmp_path / "server.log", args=args, env=env)
+        spot_env = {
+            "TLT_SPOT_SERVER_URL": server.url, "TLT_SPOT_DRAFTER_SERVICE": service.target, "TLT_SPOT_JOB_ID": job,
+            "TLT_SPOT_WORKER_ID": "pod-0", "TLT_SPOT_POLICY_PATH": str(BUNDLED_MODEL), "TLT_SPOT_IDLE_GRACE_S": "0.2",
+            "TLT_SPOT_MIN_NEW_SAMPLES": "8", "TLT_SPOT_SAMPLES": "64",
+        }  # fmt: skip
+        server.env = {**(server.env or {}), **spot_env}
+        with server.start():
+            group = server.process.pid
+            (worker,) = _until(lambda: _workers_in(group), 60, "the spot worker to start")
+            tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+            prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(32, seed=9, split="train")]
+            body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 200, "temperature": 1.0}}
+            requests.post(f"{server.url}/generate", json=body, timeout=600).raise_for_status()
+            channel = WeightChannel(redis_server.settings.client(), job, "drafter")
+            _until(lambda: (channel.latest_version() or 0) >= 2, 300, "a slice of the server's own worker to commit")
+
+            os.kill(worker, signal.SIGKILL)
+            (successor,) = _until(lambda: [p for p in _workers_in(group) if p != worker], 30, "the spot worker's restart")
+            assert successor != worker
+        assert not _workers_in(group)  # stopped with its server
