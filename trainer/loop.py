@@ -42,7 +42,9 @@ class _Sample:
 
 
 def sample_seed(job_seed: int, key: str) -> int:
-    """A stable per-sample sampling seed: a re-sent sample draws the same tokens."""
+    """A stable per-sample sampling seed. A re-sent sample repeats its tokens only without adaptive
+    speculation (the verify coins depend on the arms run, i.e. on the batch); it always comes from
+    the policy's own distribution."""
     return int.from_bytes(hashlib.sha256(f"{job_seed}:{key}".encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 

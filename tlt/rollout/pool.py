@@ -38,7 +38,7 @@ class RolloutRequest:
     group: int
     prompt_ids: tuple[int, ...]
     params: SamplingParams
-    seed: int | None = None  # SGLang's sampling_seed: a re-sent sample draws the same tokens
+    seed: int | None = None  # SGLang's sampling_seed (a re-send repeats the tokens only without adaptive SD)
 
 
 @dataclass
