@@ -14,12 +14,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 import pytest
 
+from tests.processes import live_in_groups, until
 from tlt.jobs.client import JobClient
 from tlt.v1 import drafter_pb2 as drafter_pb
 from tlt.v1 import drafter_pb2_grpc
@@ -28,15 +28,6 @@ TLT = [sys.executable, "-m", "tlt.cli"]
 GONE_WITHIN_S = 15.0
 
 pytestmark = pytest.mark.slow
-
-
-def _until(condition: Callable[[], object], timeout_s: float, what: str) -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _start_run(runs: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -50,25 +41,11 @@ def _start_run(runs: Path) -> tuple[subprocess.Popen[bytes], Path]:
         dirs = list(runs.glob("*/metrics.jsonl"))
         return dirs[0].parent if dirs and dirs[0].read_text().strip() else None
 
-    return run, _until(first_step, 600, "the job's first step")
+    return run, until(first_step, 600, "the job's first step")
 
 
 def _processes(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "processes.jsonl").read_text().splitlines()]
-
-
-def _live_members(groups: set[int]) -> list[str]:
-    """Processes (not zombies) in any of these process groups."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        state, _ppid, pgrp = text.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) in groups and state != "Z":
-            found.append(f"{stat.parent.name} {text[: text.rindex(')') + 1]}")
-    return found
 
 
 def _listening(ports: set[int]) -> list[int]:
@@ -87,7 +64,7 @@ def _assert_nothing_left(run_dir: Path, since: float) -> None:
     assert "rollout_server.policy_follower" in kinds
     groups = {p["pid"] for p in processes}
     ports = {p["port"] for p in processes if p["port"]}
-    _until(lambda: not _live_members(groups) and not _listening(ports), GONE_WITHIN_S, "the run's processes to end")
+    until(lambda: not live_in_groups(groups) and not _listening(ports), GONE_WITHIN_S, "the run's processes to end")
     assert time.monotonic() - since <= GONE_WITHIN_S
 
 

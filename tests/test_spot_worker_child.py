@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
+from tests.processes import live_in_groups, until
 from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.store.weight_channel import WeightChannel
@@ -26,27 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def _workers_in(group: int) -> list[int]:
-    """Live spot-worker processes in this process group."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (proc / "stat").read_text()
-            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == group and state != "Z" and b"rollout_server.spot_worker" in cmdline:
-            found.append(int(proc.name))
-    return found
-
-
-def _until(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if result := condition():
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+    return [pid for pid, _ in live_in_groups({group}, b"rollout_server.spot_worker")]
 
 
 def test_the_servers_own_spot_worker_trains_is_restarted_and_stops_with_it(redis_server, tmp_path: Path) -> None:
@@ -67,15 +47,15 @@ def test_the_servers_own_spot_worker_trains_is_restarted_and_stops_with_it(redis
         server.env = {**(server.env or {}), **spot_env}
         with server.start():
             group = server.process.pid
-            (worker,) = _until(lambda: _workers_in(group), 60, "the spot worker to start")
+            (worker,) = until(lambda: _workers_in(group), 60, "the spot worker to start")
             tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
             prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(32, seed=9, split="train")]
             body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 200, "temperature": 1.0}}
             requests.post(f"{server.url}/generate", json=body, timeout=600).raise_for_status()
             channel = WeightChannel(redis_server.settings.client(), job, "drafter")
-            _until(lambda: (channel.latest_version() or 0) >= 2, 300, "a slice of the server's own worker to commit")
+            until(lambda: (channel.latest_version() or 0) >= 2, 300, "a slice of the server's own worker to commit")
 
             os.kill(worker, signal.SIGKILL)
-            (successor,) = _until(lambda: [p for p in _workers_in(group) if p != worker], 30, "the spot worker's restart")
+            (successor,) = until(lambda: [p for p in _workers_in(group) if p != worker], 30, "the spot worker's restart")
             assert successor != worker
         assert not _workers_in(group)  # stopped with its server
