@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             hand_off=hand_off,
             policy_source=lambda: served_model_path(settings.server_url),
             device=settings.resolved_device(),
-            dtype=getattr(torch, settings.parts_dtype()),
+            dtype=getattr(torch, settings.resolved_dtype()),
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
 

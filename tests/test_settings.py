@@ -205,10 +205,10 @@ def test_the_trainer_uses_the_device_it_is_given_and_publishes_in_its_dtype(monk
     monkeypatch.setattr(common, "cuda_available", lambda: False)
     with pytest.raises(ValidationError, match="device cuda: torch .* sees no usable GPU"):
         TrainerSettings(device="cuda")
-    assert TrainerSettings(device="cpu").publish_dtype() == "float32"
+    assert TrainerSettings(device="cpu").resolved_dtype() == "float32"
     monkeypatch.setattr(common, "cuda_available", lambda: True)
     gpu = TrainerSettings()
-    assert gpu.resolved_device() == "cuda" and gpu.publish_dtype() == "bfloat16"
+    assert gpu.resolved_device() == "cuda" and gpu.resolved_dtype() == "bfloat16"
 
 
 def test_gpu_plain_decoding_graphs_cover_the_running_batch(model_dir: Path, usable_gpu: None, tmp_path: Path) -> None:

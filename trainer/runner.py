@@ -156,7 +156,7 @@ class JobRunner:
                 self._current = None
 
     def _publisher(self, job: str, root: Path) -> DiskPolicyPublisher | RedisPolicyPublisher:
-        dtype = getattr(torch, self.settings.publish_dtype())
+        dtype = getattr(torch, self.settings.resolved_dtype())
         if self.settings.policy_channel == "redis":
             return RedisPolicyPublisher(WeightChannel(self.store.client, job, "policy"), dtype=dtype)
         return DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy", dtype=dtype)

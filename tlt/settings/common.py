@@ -3,8 +3,9 @@ how a service process starts."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, Self, TypeVar
 
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tlt.store.connection import RedisSettings
@@ -78,6 +79,27 @@ def resolve_dtype(dtype: DType, device: Literal["cpu", "cuda"]) -> Literal["floa
     if dtype != "auto":
         return dtype
     return "float32" if device == "cpu" else "bfloat16"
+
+
+class DeviceSettings(BaseSettings):
+    """The device a process computes on and the dtype it serves or publishes weights in; each
+    process's settings extend it (and may redescribe the two fields)."""
+
+    device: Device = Field("auto", description="auto picks cuda when usable, else cpu (and refuses a GPU torch cannot use)")
+    dtype: DType = Field("auto", description="auto: float32 on cpu, bfloat16 on cuda")
+
+    @model_validator(mode="after")
+    def _check_device(self) -> Self:
+        self.resolved_device()  # a device that cannot be used is refused at start, saying why
+        return self
+
+    def resolved_device(self) -> Literal["cpu", "cuda"]:
+        """The device to run on (`resolve_device`)."""
+        return resolve_device(self.device)
+
+    def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
+        """The dtype on that device (`resolve_dtype`)."""
+        return resolve_dtype(self.dtype, self.resolved_device())
 
 
 def service_start(settings_model: type[Settings], prog: str, argv: list[str] | None) -> tuple[Settings, redis.Redis]:

@@ -6,20 +6,11 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings
 
-from tlt.settings.common import (
-    NAME_PATTERN,
-    Device,
-    DType,
-    Speculation,
-    process_flags,
-    resolve_device,
-    resolve_dtype,
-)
+from tlt.settings.common import NAME_PATTERN, Device, DeviceSettings, DType, Speculation, process_flags
 
 
-class RolloutServerSettings(BaseSettings):
+class RolloutServerSettings(DeviceSettings):
     """Flags of `python -m rollout_server`: SGLang with the TLT plugin and TLT's defaults.
 
     Arguments after `--` go to SGLang unchanged (see `sglang serve --help`).
@@ -114,11 +105,6 @@ class RolloutServerSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _check_device(self) -> RolloutServerSettings:
-        self.resolved_device()  # a device that cannot be used is refused at start, saying why
-        return self
-
-    @model_validator(mode="after")
     def _check_memory_saver(self) -> RolloutServerSettings:
         if self.enable_memory_saver and self.resolved_device() == "cpu":
             raise ValueError("enable_memory_saver needs a GPU (SGLang's memory release synchronises CUDA)")
@@ -140,10 +126,3 @@ class RolloutServerSettings(BaseSettings):
             raise ValueError("a draft chain (draft_topk 1) verifies draft_steps + 1 tokens; leave draft_tokens unset")
         return self
 
-    def resolved_device(self) -> Literal["cpu", "cuda"]:
-        """The device to run on (`tlt.settings.common.resolve_device`)."""
-        return resolve_device(self.device)
-
-    def resolved_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
-        """The dtype to serve in (`tlt.settings.common.resolve_dtype`)."""
-        return resolve_dtype(self.dtype, self.resolved_device())

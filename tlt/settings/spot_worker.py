@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings
+from pydantic import Field, SecretStr
 
-from tlt.settings.common import NAME_PATTERN, Device, DType, process_flags, resolve_device, resolve_dtype
+from tlt.settings.common import NAME_PATTERN, Device, DeviceSettings, DType, process_flags
 
 
-class SpotWorkerSettings(BaseSettings):
+class SpotWorkerSettings(DeviceSettings):
     """Flags of `python -m rollout_server.spot_worker` (also `TLT_SPOT_*`; Redis: `TLT_REDIS_*`)."""
 
     model_config = process_flags("TLT_SPOT_", "python -m rollout_server.spot_worker")
@@ -64,13 +63,3 @@ class SpotWorkerSettings(BaseSettings):
         "auto", description="dtype of the policy parts the drafter borrows (the serving one); auto: float32 on cpu, bfloat16 on cuda"
     )
 
-    @model_validator(mode="after")
-    def _check_device(self) -> SpotWorkerSettings:
-        self.resolved_device()
-        return self
-
-    def resolved_device(self) -> Literal["cpu", "cuda"]:
-        return resolve_device(self.device)
-
-    def parts_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
-        return resolve_dtype(self.dtype, self.resolved_device())

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from tlt.rpc.settings import GrpcServerSettings
-from tlt.settings.common import Device, DType, PolicyChannel, process_flags, resolve_device, resolve_dtype
+from tlt.settings.common import Device, DeviceSettings, DType, PolicyChannel, process_flags
 
 
-class TrainerSettings(GrpcServerSettings):
+class TrainerSettings(GrpcServerSettings, DeviceSettings):
     """Flags of `python -m trainer` (also `TLT_TRAINER_*` variables; Redis: `TLT_REDIS_*`)."""
 
     model_config = process_flags("TLT_TRAINER_", "python -m trainer")
@@ -64,17 +63,6 @@ class TrainerSettings(GrpcServerSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"rollout server {url!r} must be an http:// or https:// URL")
         return [u.rstrip("/") for u in urls]
-
-    @model_validator(mode="after")
-    def _check_device(self) -> TrainerSettings:
-        self.resolved_device()
-        return self
-
-    def resolved_device(self) -> Literal["cpu", "cuda"]:
-        return resolve_device(self.device)
-
-    def publish_dtype(self) -> Literal["float32", "bfloat16", "float16"]:
-        return resolve_dtype(self.dtype, self.resolved_device())
 
     @model_validator(mode="after")
     def _one_discovery(self) -> TrainerSettings:
