@@ -13,7 +13,6 @@ without the overlap scheduler's guarantee, the previous batch may still run on i
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -21,9 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
+from tlt.models.hf_checkpoint import tensor_files
 from tlt.store.connection import RedisSettings
 from tlt.store.weight_channel import BadBlob, WeightChannel, WeightManifest
 
@@ -39,15 +38,6 @@ def _own_parameters(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _own(names) -> set[str]:
     return {name for name in names if not any(s in name for s in SHARED_WITH_POLICY)}
-
-
-def checkpoint_tensor_names(checkpoint: Path) -> set[str]:
-    """The tensor names of a safetensors checkpoint (single file or sharded), without reading tensors."""
-    index = checkpoint / "model.safetensors.index.json"
-    if index.is_file():
-        return set(json.loads(index.read_text())["weight_map"])
-    with safe_open(checkpoint / "model.safetensors", framework="pt") as weights:
-        return set(weights.keys())
 
 
 def _wait_for_device(models: list[nn.Module]) -> None:
@@ -182,7 +172,7 @@ def swapper_for(scheduler) -> DrafterSwapper | None:
         return None
     channel = WeightChannel(RedisSettings().client(), job, "drafter")
     served = Path(scheduler.server_args.speculative_draft_model_path)
-    swapper = DrafterSwapper(channel, lambda: draft_models_of(scheduler), SwapMetrics(), checkpoint_tensor_names(served))
+    swapper = DrafterSwapper(channel, lambda: draft_models_of(scheduler), SwapMetrics(), set(tensor_files(served)))
     swapper.start()
     logger.info("TLT drafter swap following job %s", job)
     return swapper

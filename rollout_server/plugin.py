@@ -140,41 +140,35 @@ def _count_requests_not_yet_scheduled(original_fn, manager, *args, **kwargs):
 
 
 def _idempotent_release(original_fn, updater, recv_req, *args, **kwargs):
-    """AROUND-hook on WeightUpdater.release_memory_occupation: tags released already are skipped
-    (SGLang would pause their memory twice). The spot worker's hand-off may repeat a release."""
-    tags = _tags_of(recv_req)
-    todo = [tag for tag in tags if tag not in updater.offload_tags]
-    if todo != tags:
-        logger.warning("TLT plugin: memory of %s is released already", sorted(set(tags) - set(todo)))
-    if todo:
-        return original_fn(updater, msgspec.structs.replace(recv_req, tags=todo), *args, **kwargs)
+    """AROUND-hook on the weight updater's release_memory_occupation: tags released already are
+    skipped (SGLang would pause their memory twice). The spot worker's hand-off may repeat a release."""
     from sglang.srt.managers.io_struct import ReleaseMemoryOccupationReqOutput
 
-    return ReleaseMemoryOccupationReqOutput()
+    return _on_tags(original_fn, updater, recv_req, args, kwargs, released=False, nothing_to_do=ReleaseMemoryOccupationReqOutput)
 
 
 def _idempotent_resume(original_fn, updater, recv_req, *args, **kwargs):
-    """AROUND-hook on WeightUpdater.resume_memory_occupation: tags that are not released are
+    """AROUND-hook on the weight updater's resume_memory_occupation: tags that are not released are
     skipped (SGLang would raise KeyError in its scheduler, which takes the server down). A spot
     worker recovering a hand-off cannot know whether its predecessor's release went through."""
-    tags = _tags_of(recv_req)
-    todo = [tag for tag in tags if tag in updater.offload_tags]
-    if todo != tags:
-        logger.warning("TLT plugin: memory of %s is not released; nothing to resume", sorted(set(tags) - set(todo)))
-    if todo:
-        return original_fn(updater, msgspec.structs.replace(recv_req, tags=todo), *args, **kwargs)
     from sglang.srt.managers.io_struct import ResumeMemoryOccupationReqOutput
 
-    return ResumeMemoryOccupationReqOutput()
+    return _on_tags(original_fn, updater, recv_req, args, kwargs, released=True, nothing_to_do=ResumeMemoryOccupationReqOutput)
 
 
-def _tags_of(recv_req) -> list[str]:
-    """The request's tags, SGLang's way: none means all of them."""
-    if recv_req.tags:
-        return list(recv_req.tags)
+def _on_tags(original_fn, updater, recv_req, args, kwargs, *, released: bool, nothing_to_do):
+    """SGLang's call for those of the request's tags (none: all of them, SGLang's way) whose memory
+    is `released` now, or `nothing_to_do()` when there are none."""
     from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
 
-    return list(GPU_MEMORY_ALL_TYPES)
+    tags = list(recv_req.tags) if recv_req.tags else list(GPU_MEMORY_ALL_TYPES)
+    todo = [tag for tag in tags if (tag in updater.offload_tags) == released]
+    if todo != tags:
+        state = "not released" if released else "released already"
+        logger.warning("TLT plugin: memory of %s is %s; skipped", sorted(set(tags) - set(todo)), state)
+    if not todo:
+        return nothing_to_do()
+    return original_fn(updater, msgspec.structs.replace(recv_req, tags=todo), *args, **kwargs)
 
 
 def _validate_prompt(manager, obj, input_ids, *args, **kwargs) -> None:

@@ -22,6 +22,8 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig, PretrainedConfig, PreTrainedModel
 
+from tlt.models.hf_checkpoint import tensor_files
+
 EAGLE_ARCHITECTURES = {"qwen2": "Qwen2ForCausalLMEagle", "llama": "LlamaForCausalLMEagle"}
 
 
@@ -85,8 +87,7 @@ def rotary_class(config: PretrainedConfig) -> type[nn.Module]:
 
 def read_tensors(checkpoint: Path, names: list[str]) -> dict[str, torch.Tensor]:
     """These tensors of an HF safetensors checkpoint (single file or sharded), nothing else."""
-    index = checkpoint / "model.safetensors.index.json"
-    files = json.loads(index.read_text())["weight_map"] if index.is_file() else dict.fromkeys(names, "model.safetensors")
+    files = tensor_files(checkpoint)
     found: dict[str, torch.Tensor] = {}
     for name in names:
         if name not in files:

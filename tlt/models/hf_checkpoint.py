@@ -1,4 +1,5 @@
-"""Writing HF checkpoints in the dtype their readers serve them in."""
+"""HF safetensors checkpoints: where each tensor is, and writing them in the dtype their readers
+serve them in."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from transformers import PreTrainedModel
 
 
@@ -20,3 +22,13 @@ def save_in_dtype(model: PreTrainedModel, out: Path, dtype: torch.dtype, **kwarg
     config = json.loads(config_path.read_text())
     config["dtype"] = str(dtype).removeprefix("torch.")
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def tensor_files(checkpoint: Path) -> dict[str, str]:
+    """Tensor name -> the file holding it, for a single-file or a sharded safetensors checkpoint
+    (reads the index or the file's header, no tensor)."""
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        return json.loads(index.read_text())["weight_map"]
+    with safe_open(checkpoint / "model.safetensors", framework="pt") as weights:
+        return dict.fromkeys(weights.keys(), "model.safetensors")
