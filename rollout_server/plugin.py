@@ -61,13 +61,27 @@ def _defined(name: str) -> bool:
     return hasattr(torch.ops.sgl_kernel, name)
 
 
+# Kept alive for the process: the operators are registered as long as their Library exists.
+_SGL_KERNEL_LIBRARY: list[torch.library.Library] = []
+
+
 def register_cpu_ops() -> list[str]:
-    """Define the missing `sgl_kernel::*_cpu` operators; returns the names defined now."""
+    """Define the missing `sgl_kernel::*_cpu` operators; returns the names defined now.
+
+    Each is a schema (inferred from the function's annotations) with the Python function as its
+    CPU kernel. Not `torch.library.custom_op`: its autograd, version-bump and aliasing layers cost
+    about 8 us per call (measured: 10 us against 2 us), paid per layer and per forward pass on a
+    path that never needs gradients.
+    """
     defined = []
     for name, (fn, mutated) in CPU_OPS.items():
         if _defined(name):
             continue
-        torch.library.custom_op(f"sgl_kernel::{name}", mutates_args=mutated, device_types="cpu")(fn)
+        if not _SGL_KERNEL_LIBRARY:
+            _SGL_KERNEL_LIBRARY.append(torch.library.Library("sgl_kernel", "FRAGMENT"))
+        library = _SGL_KERNEL_LIBRARY[0]
+        library.define(name + torch.library.infer_schema(fn, mutates_args=mutated))
+        library.impl(name, fn, "CPU")
         defined.append(name)
     return defined
 

@@ -12,8 +12,9 @@ SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
 
 
 def bandit_config(settings: RolloutServerSettings) -> BanditConfig:
-    """The adaptive policy's configuration: one arm per draft length 0..draft_steps."""
-    return BanditConfig(arms=[SpecArm(draft_steps=steps) for steps in range(settings.draft_steps + 1)])
+    """The adaptive policy's configuration: one arm per draft length (0..draft_steps by default)."""
+    lengths = settings.speculative_arms if settings.speculative_arms is not None else range(settings.draft_steps + 1)
+    return BanditConfig(arms=[SpecArm(draft_steps=steps) for steps in lengths])
 
 
 def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | None = None) -> list[str]:
@@ -63,9 +64,11 @@ def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | No
 def _speculative_argv(s: RolloutServerSettings, adaptive_config_path: Path | None) -> list[str]:
     if s.speculative == "off":
         return []
-    tokens = s.draft_tokens or s.draft_steps + 1
+    # SGLang's adaptive worker starts on (and sizes its buffers for) the longest arm.
+    steps = s.draft_steps if s.speculative != "adaptive" else max(arm.draft_steps for arm in bandit_config(s).arms)
+    tokens = s.draft_tokens or steps + 1
     argv = ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", str(s.draft_model_path)]
-    argv += ["--speculative-num-steps", str(s.draft_steps), "--speculative-eagle-topk", str(s.draft_topk)]
+    argv += ["--speculative-num-steps", str(steps), "--speculative-eagle-topk", str(s.draft_topk)]
     argv += ["--speculative-num-draft-tokens", str(tokens)]
     if s.speculative == "adaptive":
         if adaptive_config_path is None:

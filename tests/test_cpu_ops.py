@@ -148,3 +148,65 @@ def test_build_tree_on_a_chain() -> None:
     assert mask.view(n, n).int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
     assert positions.tolist() == [5, 6, 7, 8]
     assert next_token.tolist() == [[1, 2, 3, -1]] and (next_sibling == -1).all()
+
+
+@pytest.mark.parametrize(("topk", "depth", "n"), [(1, 4, 5), (2, 3, 6), (4, 4, 8)])
+@pytest.mark.parametrize("mode", [ops.FULL_MASK, ops.QLEN_ONLY])
+def test_a_batch_of_one_tree_shape_is_built_as_request_by_request(topk: int, depth: int, n: int, mode: int) -> None:
+    """The shared-shape path (chains always take it) against the per-request builder."""
+    from tests.tree_ops_vs_triton import random_tree_inputs
+
+    gen = torch.Generator().manual_seed(topk)
+    parents, selected, _ = random_tree_inputs(gen, 1, topk, depth, n)
+    batch = 4
+    parents, selected = parents.repeat(batch, 1), selected.repeat(batch, 1)
+    seq_lens = torch.tensor([3, 9, 1, 6])
+    cells = n * n * batch if mode == ops.QLEN_ONLY else int((seq_lens * n + n * n).sum())
+    outputs = []
+    for build in (ops.build_tree_kernel_efficient_cpu, ops._build_trees):
+        mask = torch.ones(cells, dtype=torch.bool)
+        positions = torch.zeros(batch * n, dtype=torch.long)
+        index, next_token, next_sibling = torch.full((3, batch, n), -1, dtype=torch.long)
+        build(parents, selected, seq_lens, mask, positions, index, next_token, next_sibling, topk, depth, n, mode)
+        outputs.append((mask, positions, index, next_token, next_sibling))
+    for shared, per_request in zip(*outputs):
+        assert torch.equal(shared, per_request)
+
+
+def _random_chains(gen: torch.Generator, batch: int, n: int, vocab: int):
+    """Chain verify inputs whose drafts often match: tokens from a small vocabulary."""
+    candidates = torch.randint(0, vocab, (batch, n), generator=gen)
+    index = torch.arange(batch * n).view(batch, n)
+    next_token = torch.arange(1, n + 1).masked_fill(torch.arange(n) == n - 1, -1).repeat(batch, 1)
+    return candidates, index, next_token, torch.full((batch, n), -1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batched_chain_verification_equals_the_per_request_walk(seed: int) -> None:
+    """Greedy and sampled verification of chains (the batched path) against the tree walk."""
+    from rollout_server.cpu import sampling
+
+    gen = torch.Generator().manual_seed(seed)
+    batch, n, vocab = 32, 5, 3
+    candidates, index, next_token, next_sibling = _random_chains(gen, batch, n, vocab)
+    target_predict = torch.randint(0, vocab, (batch * n,), generator=gen)
+    probs = torch.softmax(torch.randn(batch, n, vocab, generator=gen) * 2, dim=-1)
+    probs[0, 0, :] = torch.tensor([0.0, 1.0, 0.0])  # a zero-probability draft is never accepted
+    coins, final = torch.rand(batch, n, generator=gen), torch.rand(batch, generator=gen)
+    assert ops.is_chain(next_token, next_sibling)
+    for width in (n, 3):  # the whole chain, and fewer tokens than the chain may commit
+        runs = []
+        for greedy, sampled in ((ops.verify_tree_greedy_cpu, sampling.tree_speculative_sampling_target_only_cpu),
+                                (ops._verify_trees_greedy, sampling._verify_trees)):  # fmt: skip
+            out = [torch.full((batch * n,), -5, dtype=torch.int32), torch.full((batch, width), -1, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)]
+            greedy(*out, candidates, index, next_token, next_sibling, target_predict)
+            sampled_out = [torch.full((batch * n,), -5, dtype=torch.int32), torch.full((batch, width), -1, dtype=torch.int32), torch.zeros(batch, dtype=torch.int32)]
+            args = (candidates, index, next_token, next_sibling, coins, final, probs)
+            if sampled is sampling._verify_trees:
+                sampled(*sampled_out, *args, 1.0, 1.0)
+            else:
+                sampled(*sampled_out, *args, torch.zeros_like(probs))
+            runs.append(out + sampled_out)
+        for batched, walked in zip(*runs):
+            assert torch.equal(batched, walked)
+        assert 0 < int(runs[0][2].sum()) < batch * (width - 1)  # some accepted, some rejected

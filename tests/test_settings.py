@@ -158,6 +158,9 @@ def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path
 
     adaptive = RolloutServerSettings(model_path=model_dir, speculative="adaptive", draft_model_path=drafter)
     assert [arm.draft_steps for arm in bandit_config(adaptive).arms] == [0, 1, 2, 3, 4]
+    pinned = adaptive.model_copy(update={"speculative_arms": [0]})
+    assert [arm.draft_steps for arm in bandit_config(pinned).arms] == [0]
+    assert _flag(sglang_argv(pinned, tmp_path / "adaptive.json"), "--speculative-num-steps") == "0"
     with pytest.raises(ValueError, match="config file"):
         sglang_argv(adaptive)
     argv = sglang_argv(adaptive, tmp_path / "adaptive.json")
@@ -173,6 +176,8 @@ def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path
         ({"speculative": "adaptive", "draft_topk": 2, "draft_tokens": 6}, True, "chains"),
         ({"speculative": "always", "draft_topk": 2}, True, "needs draft_tokens"),
         ({"speculative": "always", "draft_tokens": 9}, True, "leave draft_tokens unset"),
+        ({"speculative": "always", "speculative_arms": [1]}, True, "needs speculative=adaptive"),
+        ({"speculative": "adaptive", "speculative_arms": [0, 5]}, True, "distinct draft lengths in 0..4"),
     ],
 )
 def test_inconsistent_speculation_settings_are_refused(

@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import torch
 
 
-def _segment_bounds(start_offset: torch.Tensor, end_offset: torch.Tensor) -> list[tuple[int, int, int]]:
-    """(start, end, offset into the packed output) per request; segments are packed in order."""
-    starts = start_offset.tolist()
-    ends = end_offset.tolist()
-    out, packed = [], 0
-    for start, end in zip(starts, ends):
-        out.append((start, end, packed))
-        packed += end - start
-    return out
+def _segment_cells(
+    req_pool_indices: torch.Tensor, start_offset: torch.Tensor, end_offset: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(row, column) of every cell of the requests' [start, end) segments, in packed order (request
+    by request), and their count: the index of a whole batch's segment copy in two tensors."""
+    lengths = (end_offset.long() - start_offset.long()).clamp(min=0)
+    total = int(lengths.sum())
+    owner = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths)
+    packed_start = torch.cumsum(lengths, 0) - lengths
+    columns = start_offset.long()[owner] + torch.arange(total, device=lengths.device) - packed_start[owner]
+    return req_pool_indices.long()[owner], columns, total
 
 
 def assign_req_to_token_pool_cpu(
@@ -38,8 +41,8 @@ def assign_req_to_token_pool_cpu(
     `req_to_token[req_pool_indices[i], start_i:end_i]`.
     """
     del pool_len  # the row width; implied by req_to_token's shape here
-    for row, (start, end, packed) in zip(req_pool_indices.tolist(), _segment_bounds(start_offset, end_offset)):
-        req_to_token[row, start:end] = out_cache_loc[packed : packed + end - start].to(req_to_token.dtype)
+    rows, columns, total = _segment_cells(req_pool_indices, start_offset, end_offset)
+    req_to_token[rows, columns] = out_cache_loc[:total].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(
@@ -53,8 +56,8 @@ def assign_extend_cache_locs_cpu(
     """The inverse gather: read `req_to_token[row, start:end]` of each request into the packed
     `out_cache_loc`."""
     del pool_len
-    for row, (start, end, packed) in zip(req_pool_indices.tolist(), _segment_bounds(start_offset, end_offset)):
-        out_cache_loc[packed : packed + end - start] = req_to_token[row, start:end].to(out_cache_loc.dtype)
+    rows, columns, total = _segment_cells(req_pool_indices, start_offset, end_offset)
+    out_cache_loc[:total] = req_to_token[rows, columns].to(out_cache_loc.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(
@@ -113,13 +116,16 @@ def copy_all_layer_kv_cache_cpu(
     one token row per buffer, so the copy works on memory, not tensors; all rows are read before
     any is written, which keeps overlapping moves correct as on the GPU.
     """
-    pairs = list(zip(tgt_loc.tolist(), src_loc.tolist()))
-    if not pairs:
+    if tgt_loc.numel() == 0:
         return
+    tgt, src = tgt_loc.long().numpy(), src_loc.long().numpy()
+    rows_needed = int(max(tgt.max(), src.max())) + 1
     for base, row_bytes in zip(data_ptrs.tolist(), strides.tolist()):
-        rows = [ctypes.string_at(base + src * row_bytes, row_bytes) for _, src in pairs]
-        for (tgt, _), row in zip(pairs, rows):
-            ctypes.memmove(base + tgt * row_bytes, row, row_bytes)
+        # A byte view of the buffer's first rows; fancy indexing reads every source row before the
+        # assignment writes.
+        view = np.frombuffer((ctypes.c_uint8 * (rows_needed * row_bytes)).from_address(base), dtype=np.uint8)
+        view = view.reshape(rows_needed, row_bytes)
+        view[tgt] = view[src]
 
 
 def rotate_input_ids_cpu(
@@ -131,16 +137,15 @@ def rotate_input_ids_cpu(
 ) -> None:
     """Shift each request's extend segment of `input_ids` left by one and write its new token
     (`topk_index[i]`) at the segment's last position, or at `select_index[i]` when given."""
-    new_tokens = topk_index.reshape(-1).tolist()
-    starts = extend_start_loc.tolist()
-    lens = extend_seq_lens.tolist()
-    targets = select_index.tolist() if select_index is not None else None
-    for i, (start, length) in enumerate(zip(starts, lens)):
-        if length <= 0:
-            continue
-        input_ids[start : start + length - 1] = input_ids[start + 1 : start + length].clone()
-        last = targets[i] if targets is not None else start + length - 1
-        input_ids[last] = new_tokens[i]
+    lengths = extend_seq_lens.long().clamp(min=0)
+    shifted = (lengths - 1).clamp(min=0)  # positions that take their successor's token
+    owner = torch.repeat_interleave(torch.arange(lengths.numel()), shifted)
+    first = torch.cumsum(shifted, 0) - shifted
+    positions = extend_start_loc.long()[owner] + torch.arange(int(shifted.sum())) - first[owner]
+    input_ids[positions] = input_ids[positions + 1]  # the read is a copy: no overlap hazard
+    present = lengths > 0
+    last = select_index.long() if select_index is not None else extend_start_loc.long() + lengths - 1
+    input_ids[last[present]] = topk_index.reshape(-1)[present].to(input_ids.dtype)
 
 
 FULL_MASK, QLEN_ONLY = 0, 1  # sglang TreeMaskMode values this op writes
@@ -182,6 +187,77 @@ def build_tree_kernel_efficient_cpu(
     """
     if tree_mask_mode not in (FULL_MASK, QLEN_ONLY):
         raise NotImplementedError(f"tree mask mode {tree_mask_mode} (bit-packed) is not supported on the CPU")
+    batch = verified_seq_len.numel()
+    parents = parent_list.reshape(batch, -1)
+    if batch > 1 and bool((selected_index == selected_index[:1]).all()) and bool((parents == parents[:1]).all()):
+        # Every request has the same tree (always so for chains, topk 1): build it once, then
+        # place it per request.
+        _broadcast_tree(
+            parent_list, selected_index, verified_seq_len, tree_mask, positions, retrieve_index,
+            retrieve_next_token, retrieve_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
+        )  # fmt: skip
+        return
+    _build_trees(
+        parent_list, selected_index, verified_seq_len, tree_mask, positions, retrieve_index,
+        retrieve_next_token, retrieve_next_sibling, topk, depth, draft_token_num, tree_mask_mode,
+    )  # fmt: skip
+
+
+def _broadcast_tree(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    n: int,
+    tree_mask_mode: int,
+) -> None:
+    """`build_tree_kernel_efficient_cpu` for a batch whose requests share one tree shape: request
+    0's tree (built at length 0, QLEN_ONLY) written into every request's place."""
+    batch = verified_seq_len.numel()
+    mask0 = torch.zeros(n * n, dtype=torch.bool)
+    positions0 = torch.zeros(n, dtype=positions.dtype)
+    index0, next_token0, next_sibling0 = (torch.full((1, n), -1, dtype=t.dtype) for t in (retrieve_index, retrieve_next_token, retrieve_next_sibling))
+    _build_trees(
+        parent_list.reshape(batch, -1)[:1], selected_index[:1], torch.zeros(1, dtype=verified_seq_len.dtype), mask0,
+        positions0, index0, next_token0, next_sibling0, topk, depth, n, QLEN_ONLY,
+    )  # fmt: skip
+    lens = verified_seq_len.long()
+    retrieve_index[:batch] = (torch.arange(batch)[:, None] * n + torch.arange(n)[None, :]).to(retrieve_index.dtype)
+    retrieve_next_token[:batch] = next_token0
+    retrieve_next_sibling[:batch] = next_sibling0
+    positions.view(-1)[: batch * n] = (lens[:, None] + positions0[None, :].long()).reshape(-1).to(positions.dtype)
+    mask = tree_mask.view(-1)
+    cells = torch.arange(n)
+    if tree_mask_mode == QLEN_ONLY:
+        starts = torch.arange(batch)[:, None] * n * n + cells[None, :] * n  # [B, n]: row x of request b
+    else:
+        prefix = torch.cumsum(lens, 0) - lens
+        starts = (torch.arange(batch) * n * n + prefix * n + lens)[:, None] + (lens[:, None] + n) * cells[None, :]
+    index = starts[:, :, None] + cells[None, None, :]
+    mask[index.reshape(-1)] = mask0.view(1, n, n).expand(batch, n, n).reshape(-1)
+
+
+def _build_trees(
+    parent_list: torch.Tensor,
+    selected_index: torch.Tensor,
+    verified_seq_len: torch.Tensor,
+    tree_mask: torch.Tensor,
+    positions: torch.Tensor,
+    retrieve_index: torch.Tensor,
+    retrieve_next_token: torch.Tensor,
+    retrieve_next_sibling: torch.Tensor,
+    topk: int,
+    depth: int,
+    draft_token_num: int,
+    tree_mask_mode: int,
+) -> None:
+    """`build_tree_kernel_efficient_cpu`, request by request."""
     n = draft_token_num
     seq_lens = verified_seq_len.tolist()
     prefix = 0
@@ -245,6 +321,32 @@ def verify_tree_greedy_cpu(
     num_draft = candidates.shape[1]
     num_speculative = accept_index.shape[1]
     targets = target_predict.reshape(-1)
+    if is_chain(retrive_next_token, retrive_next_sibling):
+        # Node i's only child is i + 1: accept the leading drafts that equal the target's token.
+        target_at = targets[retrive_index.long()]  # [B, N]: the target's token after node i
+        matches = (candidates[:, 1:] == target_at[:, :-1])[:, : num_speculative - 1]
+        accepted = matches.long().cumprod(dim=1).sum(dim=1)
+        write_chain_acceptance(accept_index, accept_token_num, retrive_index, accepted)
+        kept = torch.arange(num_draft)[None, :] <= accepted[:, None]
+        flat = retrive_index.long()[kept]
+        predicts[flat] = targets[flat].to(predicts.dtype)
+        return
+    _verify_trees_greedy(predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token, retrive_next_sibling, targets)
+
+
+def _verify_trees_greedy(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    targets: torch.Tensor,
+) -> None:
+    """Greedy verification on any tree, request by request (`targets` flat)."""
+    num_draft = candidates.shape[1]
+    num_speculative = accept_index.shape[1]
     for b in range(candidates.shape[0]):
         last = int(retrive_index[b, 0])
         accept_index[b, 0] = last
@@ -268,3 +370,22 @@ def verify_tree_greedy_cpu(
                 break
         accept_token_num[b] = accepted
         predicts[last] = targets[last]
+
+
+def is_chain(next_token: torch.Tensor, next_sibling: torch.Tensor) -> bool:
+    """Whether every request's draft tree is the chain 0 -> 1 -> ... -> N-1 (topk 1)."""
+    n = next_token.shape[1]
+    chain = torch.arange(1, n + 1).masked_fill(torch.arange(n) == n - 1, -1)
+    return bool((next_token == chain).all()) and bool((next_sibling == -1).all())
+
+
+def write_chain_acceptance(
+    accept_index: torch.Tensor, accept_token_num: torch.Tensor, retrive_index: torch.Tensor, accepted: torch.Tensor
+) -> None:
+    """A chain verification's outputs: the flat ids of nodes 0..accepted[b] at the front of
+    `accept_index[b]` (the rest left as the caller filled it) and the accepted counts."""
+    width = min(accept_index.shape[1], retrive_index.shape[1])
+    kept = torch.arange(width)[None, :] <= accepted[:, None]
+    front = accept_index[:, :width]
+    front[kept] = retrive_index[:, :width].to(accept_index.dtype)[kept]
+    accept_token_num.copy_(accepted.to(accept_token_num.dtype))

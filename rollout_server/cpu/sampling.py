@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from rollout_server.cpu.ops import is_chain, write_chain_acceptance
+
 
 def tree_speculative_sampling_target_only_cpu(
     predicts: torch.Tensor,
@@ -44,6 +46,34 @@ def tree_speculative_sampling_target_only_cpu(
     the drafts are treated as point proposals, like the CUDA op with zero draft probabilities.
     """
     del draft_probs, deterministic
+    if is_chain(retrive_next_token, retrive_next_sibling):
+        _verify_chains(
+            predicts, accept_index, accept_token_num, candidates, retrive_index, uniform_samples,
+            uniform_samples_for_final_sampling, target_probs, threshold_single, threshold_acc,
+        )  # fmt: skip
+        return
+    _verify_trees(
+        predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+        retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+        threshold_single, threshold_acc,
+    )  # fmt: skip
+
+
+def _verify_trees(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    retrive_next_token: torch.Tensor,
+    retrive_next_sibling: torch.Tensor,
+    uniform_samples: torch.Tensor,
+    uniform_samples_for_final_sampling: torch.Tensor,
+    target_probs: torch.Tensor,
+    threshold_single: float,
+    threshold_acc: float,
+) -> None:
+    """The acceptance rule on any tree, request by request."""
     batch = candidates.shape[0]
     max_accept = accept_index.shape[1]
     tokens, next_token, next_sibling = candidates.tolist(), retrive_next_token.tolist(), retrive_next_sibling.tolist()
@@ -79,6 +109,51 @@ def tree_speculative_sampling_target_only_cpu(
         if rejected:
             residual[rejected] = 0.0
         predicts[last] = _draw(residual, float(uniform_samples_for_final_sampling[b]))
+
+
+def _verify_chains(
+    predicts: torch.Tensor,
+    accept_index: torch.Tensor,
+    accept_token_num: torch.Tensor,
+    candidates: torch.Tensor,
+    retrive_index: torch.Tensor,
+    coins: torch.Tensor,
+    final_coins: torch.Tensor,
+    target_probs: torch.Tensor,
+    threshold_single: float,
+    threshold_acc: float,
+) -> None:
+    """The acceptance rule for chains (node i's only child is i + 1), the whole batch at once:
+    draft i + 1 is accepted with node i's coin against its target probability at node i, the
+    leading run of acceptances commits, and the token after the last accepted node is drawn from
+    that node's target distribution without the rejected draft (if one was rejected)."""
+    batch, num_nodes = candidates.shape
+    max_accept = min(accept_index.shape[1], num_nodes)
+    drafts = candidates[:, 1:max_accept].long()  # [B, A]: the child of node i at column i
+    p = target_probs[:, : max_accept - 1].gather(2, drafts.unsqueeze(2)).squeeze(2)
+    accept = (p > 0) & ((coins[:, : max_accept - 1] < p / threshold_acc) | (p >= threshold_single))
+    accepted = accept.long().cumprod(dim=1).sum(dim=1)
+    write_chain_acceptance(accept_index, accept_token_num, retrive_index, accepted)
+    committed = torch.arange(max_accept - 1)[None, :] < accepted[:, None]
+    predicts[retrive_index[:, : max_accept - 1].long()[committed]] = drafts[committed].to(predicts.dtype)
+    rows = torch.arange(batch)
+    residual = target_probs[rows, accepted].clone()
+    rejected = accepted < max_accept - 1  # the chain stopped at a draft, not at its end
+    if bool(rejected.any()):
+        residual[rows[rejected], drafts[rows[rejected], accepted[rejected]]] = 0.0
+    last = retrive_index.long()[rows, accepted]
+    predicts[last] = _draw_rows(residual, final_coins.reshape(-1)[:batch]).to(predicts.dtype)
+
+
+def _draw_rows(weights: torch.Tensor, coins: torch.Tensor) -> torch.Tensor:
+    """`_draw` for each row of [B, V] weights with its coin, as one batched search."""
+    cumulative = torch.cumsum(weights.double(), dim=1)
+    target = (coins.double() * cumulative[:, -1]).unsqueeze(1)
+    index = torch.searchsorted(cumulative, target, right=True).squeeze(1).clamp(max=weights.shape[1] - 1)
+    edge = weights.gather(1, index.unsqueeze(1)).squeeze(1) <= 0
+    for b in edge.nonzero().flatten().tolist():  # a coin on the upper edge: rare, fixed row by row
+        index[b] = _draw(weights[b], float(coins[b]))
+    return index
 
 
 def _draw(weights: torch.Tensor, coin: float) -> int:

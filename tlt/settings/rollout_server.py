@@ -64,6 +64,11 @@ class RolloutServerSettings(DeviceSettings):
     )
     draft_model_path: Path | None = Field(None, description="SGLang EAGLE draft checkpoint (needed with speculation)")
     draft_steps: int = Field(4, ge=1, le=16, description="draft chain length; with adaptive, the longest arm")
+    speculative_arms: list[int] | None = Field(
+        None,
+        description="adaptive only: the draft lengths the bandit chooses from (each 0..draft-steps; 0 = off); "
+        "default 0..draft-steps. A single arm pins every step to it (the step-cost benchmark does)",
+    )
     draft_topk: int = Field(1, ge=1, le=8, description="draft tree branching (always only; adaptive uses chains)")
     draft_tokens: int | None = Field(
         None, ge=2, le=64, description="tokens verified per step; default draft-steps + 1 (the whole chain)"
@@ -120,6 +125,12 @@ class RolloutServerSettings(DeviceSettings):
             raise ValueError(f"speculative={self.speculative} needs draft_model_path with a config.json")
         if self.speculative == "adaptive" and (self.draft_topk != 1 or self.draft_tokens not in (None, self.draft_steps + 1)):
             raise ValueError("adaptive speculation switches chains: draft_topk must be 1 and draft_tokens unset")
+        if self.speculative_arms is not None:
+            arms = self.speculative_arms
+            if self.speculative != "adaptive":
+                raise ValueError("speculative_arms needs speculative=adaptive")
+            if not arms or len(set(arms)) != len(arms) or not all(0 <= a <= self.draft_steps for a in arms):
+                raise ValueError(f"speculative_arms must be distinct draft lengths in 0..{self.draft_steps}, got {arms}")
         if self.draft_topk > 1 and self.draft_tokens is None:
             raise ValueError("a draft tree (draft_topk > 1) needs draft_tokens, the number of tokens to verify")
         if self.draft_topk == 1 and self.draft_tokens not in (None, self.draft_steps + 1):
