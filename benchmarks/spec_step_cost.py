@@ -19,6 +19,7 @@ within their stage and also reported on their own.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,9 +58,9 @@ _OP_CATEGORIES = [
 ]
 # Outermost first: the decoding stage a sample belongs to.
 _STAGES = [
-    ("draft extend", ("_draft_extend_for_decode",)),
-    ("draft forwards", ("draft (sglang/srt/speculative/eagle_worker_v2.py", "draft_forward")),
-    ("target forward/verify", ("forward_batch_generation (sglang/srt/managers/tp_worker.py",)),
+    ("draft extend", ("EagleDraftWorker._draft_extend_for_decode (",)),
+    ("draft forwards", ("EagleDraftWorker.draft (",)),
+    ("target forward/verify", ("EAGLEWorkerV2.verify (", "TpModelWorker.forward_batch_generation (")),
 ]
 _ATTENTION = "rollout_server/cpu/attention.py"
 CATEGORIES = ["draft forwards", "draft extend", "target forward/verify", "verify/sampling op", "index/KV ops", "scheduler & other"]
@@ -79,7 +80,7 @@ def _category(frames: list[str]) -> str:
 
 def breakdown(collapsed: str) -> dict[str, float]:
     """Shares of the scheduler's samples per category (and of TLT's attention ops) from py-spy's
-    collapsed stacks (`frame;frame;... count` per line); idle samples are left out."""
+    collapsed stacks (`frame;frame;... count` per line); py-spy records no idle samples."""
     shares: Counter[str] = Counter()
     attention = 0
     for line in collapsed.splitlines():
@@ -87,8 +88,6 @@ def breakdown(collapsed: str) -> dict[str, float]:
         if not stack or not count.isdigit():
             continue
         frames = stack.split(";")
-        if any("event_loop" in f for f in frames) and not any("run_batch" in f for f in frames):
-            continue  # the scheduler waiting for work
         shares[_category(frames)] += int(count)
         attention += int(count) * any(_ATTENTION in f for f in frames)
     total = sum(shares.values()) or 1
@@ -160,7 +159,7 @@ def _measure(name: str, depth: int, flags: list[str], prompt: list[int], batches
             typer.echo(f"{name:>22} batch {batch:>3}: {cell['step_s'] * 1000:7.2f} ms/step  {cell['tokens_per_step']:.2f} tokens/step")
         if profile_dir is not None:
             for batch in args["profile_batches"]:
-                share = _profile(server, client, prompt, batch, args["profile_tokens"], profile_dir / f"{name.split()[0]}{name.split()[-1]}_b{batch}")
+                share = _profile(server, client, prompt, batch, args["profile_tokens"], profile_dir / f"{re.sub(r'[^a-z0-9]+', '_', name)}_b{batch}")
                 record["profile"][str(batch)] = share
                 typer.echo(f"{'':>22} profile at batch {batch}: " + ", ".join(f"{k} {v:.0%}" for k, v in share.items() if k != "samples" and v))
     return record
@@ -224,7 +223,7 @@ def _plot(records: list[dict], batches: list[int], out: Path) -> None:
     cost.set_ylabel("step time / plain step time")
     cost.set_title("Decode step cost on the CPU engine", fontsize=9)
     cost.legend(fontsize=7)
-    labels, bottoms = [], None
+    bottoms = None
     rows = [(f"{r['config']} @{b}", r["profile"][b]) for r in profiled for b in r["profile"]]
     for category in CATEGORIES:
         shares = [share.get(category, 0.0) for _, share in rows]
