@@ -33,7 +33,7 @@ $(HELM): tools/get_helm.py | $(STAMP)
 
 test: install $(HELM)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 test-quick: install $(HELM)
 	$(VENV)/bin/ruff check .

@@ -89,8 +89,11 @@ class BanditSpecPolicy:
     A step's duration depends on how the engine runs it. SGLang's overlapped scheduler launches
     step k+1 before it reports step k. On a GPU the launch is asynchronous and reporting k waits for
     the device, so the interval between two reports is the duration of the reported step. On the
-    CPU the launch computes the whole forward pass, so step k runs from its own launch to the next
-    launch (`synchronous_launch`, the default on SGLang's CPU engine).
+    CPU the launch computes the whole forward pass (`synchronous_launch`, the default on SGLang's
+    CPU engine), and its scheduler does not overlap: it reports step k, processes the results and
+    prepares the next batch before launching k+1. A step there lasts from its launch to the next
+    launch, so that the per-step cost outside the forward passes is part of every arm's reward; a
+    report that arrives before the next launch is credited at that launch.
     """
 
     def __init__(
@@ -113,6 +116,10 @@ class BanditSpecPolicy:
         # Steps launched and not yet reported, oldest first.
         self._pending: deque[_Step] = deque(maxlen=8)
         self._last_report: float | None = None
+        # A reported step of the synchronous engine, waiting for the next launch to end it.
+        self._reported: tuple[_Step, int] | None = None
+        # The arm of the step the latest report belongs to (None: no launched step matched it).
+        self.reported_arm: SpecArm | None = None
         self.metrics = metrics
         if self.metrics is None:
             try:
@@ -143,6 +150,10 @@ class BanditSpecPolicy:
     def get_steps_for_batch(self, batch_size: int) -> int:
         """The draft length of the next decode step of a batch of this size."""
         now = time.perf_counter()
+        if self._reported is not None:
+            step, tokens = self._reported
+            self._reported = None
+            self._credit(step, tokens, now - step.started)
         batch = max(batch_size, 1)
         arm = self.bandit.choose(batch)
         if self._pending and self._pending[-1].ended is None:
@@ -163,19 +174,25 @@ class BanditSpecPolicy:
         now = time.perf_counter()
         previous, self._last_report = self._last_report, now
         step = self._pop_step(batch_size)
+        self.reported_arm = step.arm if step is not None else None
         if step is None or not num_correct_drafts_per_req:
             return None
         tokens = sum(n + 1 for n in num_correct_drafts_per_req)
         if self.metrics is not None and step.arm.speculative:
             for n in num_correct_drafts_per_req:
                 self.metrics.accept_length.observe(n + 1)
-        if self.synchronous_launch:
-            seconds = (step.ended or now) - step.started
+        if not self.synchronous_launch:
+            self._credit(step, tokens, now - previous if previous is not None else 0.0)
+        elif step.ended is not None:
+            self._credit(step, tokens, step.ended - step.started)
         else:
-            seconds = now - previous if previous is not None else 0.0
+            self._reported = (step, tokens)
+        return None
+
+    def _credit(self, step: _Step, tokens: int, seconds: float) -> None:
+        """Give the bandit a step's measurement, unless its duration says the server sat idle."""
         if 0 < seconds <= MAX_STEP_SECONDS:
             self.bandit.update(step.batch, step.arm, tokens, seconds)
-        return None
 
     def _pop_step(self, batch_size: int) -> _Step | None:
         """The oldest launched step of this batch size; older unmatched ones are dropped."""

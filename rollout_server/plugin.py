@@ -45,6 +45,9 @@ CPU_OPS: dict[str, tuple[object, tuple[str, ...]]] = {
 _ADAPTIVE_POLICY = "sglang.srt.speculative.eagle_worker_v2.AdaptiveSpeculativeParams"
 _STREAM_OUTPUT = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output"
 _RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+_RESOLVE_SPEC_TOKENS = (
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor._resolve_spec_v2_tokens"
+)
 _VERIFY_USES_GREEDY = "sglang.srt.speculative.eagle_utils._verify_uses_greedy"
 # Names SGLang's EAGLE verification resolves per platform; None on the CPU.
 _SAMPLED_VERIFY_OPS = {
@@ -132,6 +135,23 @@ def _record_finished_samples(streamer, reqs, *args, **kwargs) -> None:
         recorder.record_finished(reqs)
 
 
+def _count_speculative_steps_only(original_fn, processor, result, batch, *args, **kwargs):
+    """AROUND-hook on the result processor's `_resolve_spec_v2_tokens`, which counts every decode
+    step of an EAGLE server as a verification (`spec_verify_ct`), arm 0 of the adaptive worker too.
+    A step the bandit ran without drafts is not counted, so a request's `spec_verify_ct` is its
+    number of speculative steps, and the tokens those steps committed are `spec_verify_ct` plus its
+    accepted drafts (arm 0 accepts none)."""
+    counts = [req.spec_verify_ct for req in batch.reqs]
+    tokens = original_fn(processor, result, batch, *args, **kwargs)
+    controller = getattr(processor.model_worker, "adaptive_controller", None)
+    policy = getattr(controller, "params", None)
+    arm = policy.reported_arm if isinstance(policy, BanditSpecPolicy) else None
+    if arm is not None and not arm.speculative:
+        for req, count in zip(batch.reqs, counts, strict=True):
+            req.spec_verify_ct = count
+    return tokens
+
+
 def _count_requests_not_yet_scheduled(original_fn, manager, *args, **kwargs):
     """AROUND-hook on TokenizerManager.get_loads (`/v1/loads`): requests the tokenizer manager has
     accepted but the scheduler's load snapshot does not show yet count as waiting. Those are the
@@ -214,6 +234,7 @@ def register() -> None:
     HookRegistry.register(f"{_WEIGHT_UPDATER}.resume_memory_occupation", _idempotent_resume, HookType.AROUND)
     # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.
     HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
+    HookRegistry.register(_RESOLVE_SPEC_TOKENS, _count_speculative_steps_only, HookType.AROUND)
     if os.environ.get(DRAFTER_JOB_ENV):
         HookRegistry.register(_RUN_BATCH, _swap_drafter_between_batches, HookType.BEFORE)
     if os.environ.get(SAMPLES_JOB_ENV):

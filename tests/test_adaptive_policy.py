@@ -91,21 +91,34 @@ def test_each_report_is_credited_to_the_step_it_reports_under_overlap(tmp_path: 
 
 
 def test_on_the_cpu_a_step_lasts_from_its_launch_to_the_next(tmp_path: Path, clock: list[float]) -> None:
-    # SGLang's CPU engine computes a step inside its launch; the report of step k comes after step
-    # k+1 was computed, so the interval between reports would time the wrong step.
+    # SGLang's CPU engine computes a step inside its launch and does not overlap: it reports step
+    # k, processes its results and prepares the next batch, then launches k+1. That work is part of
+    # the step's cost, so the step is credited at the next launch, not at its report.
     policy = _policy(tmp_path, synchronous=True)
     credited = []
     policy.bandit.update = lambda batch, arm, tokens, seconds: credited.append((arm.draft_steps, tokens, round(seconds, 6)))
     assert policy.get_steps_for_batch(4) == 0
-    clock[0] += 0.05  # step 1 (SD off) computes
-    policy.on_verify_complete([], batch_size=4)  # an empty report only pops the step
-    assert policy.get_steps_for_batch(4) == 0
+    clock[0] += 0.05  # the forward passes of step 1
+    policy.on_verify_complete([0, 0, 0, 0], batch_size=4)
+    assert credited == []  # result processing and the next batch's preparation are still to come
+    clock[0] += 0.02
+    policy.get_steps_for_batch(4)
+    assert credited == [(0, 4, 0.07)]
+    clock[0] += 0.03
+    policy.on_verify_complete([], batch_size=4)  # an empty report only pops its step
     clock[0] += 0.01
-    assert policy.get_steps_for_batch(4) == 0
-    clock[0] += 0.30  # the third step is slow
+    policy.get_steps_for_batch(4)
+    assert credited == [(0, 4, 0.07)]
+    # Were the report to come after the next launch (an overlapping loop), the launches bound it.
+    clock[0] += 0.04
+    policy.get_steps_for_batch(4)
+    policy.on_verify_complete([1, 1, 1, 1], batch_size=4)
+    assert credited[-1][2] == 0.04
+    clock[0] += 0.30  # a slow step
     policy.on_verify_complete([0, 0, 0, 0], batch_size=4)
-    policy.on_verify_complete([0, 0, 0, 0], batch_size=4)
-    assert credited == [(0, 4, 0.01), (0, 4, 0.3)]
+    clock[0] += adaptive_policy.MAX_STEP_SECONDS + 1  # then the server sits idle
+    policy.get_steps_for_batch(4)
+    assert len(credited) == 2  # the idle gap does not count as the slow step's duration
 
 
 def test_idle_gaps_are_not_credited_and_unmatched_steps_are_dropped(tmp_path: Path, clock: list[float]) -> None:

@@ -72,7 +72,7 @@ def test_every_hook_target_exists_in_this_sglang() -> None:
 
     from rollout_server import plugin
 
-    targets = [plugin._GET_LOADS, plugin._ADAPTIVE_POLICY, plugin._STREAM_OUTPUT, plugin._RUN_BATCH, plugin._VERIFY_USES_GREEDY,
+    targets = [plugin._GET_LOADS, plugin._ADAPTIVE_POLICY, plugin._STREAM_OUTPUT, plugin._RUN_BATCH, plugin._VERIFY_USES_GREEDY, plugin._RESOLVE_SPEC_TOKENS,
                plugin._AMX_FALLBACK_PASS, f"{plugin._WEIGHT_UPDATER}.release_memory_occupation",
                f"{plugin._WEIGHT_UPDATER}.resume_memory_occupation"]  # fmt: skip
     for target in targets:
@@ -88,3 +88,36 @@ def test_every_hook_target_exists_in_this_sglang() -> None:
             break
         else:
             pytest.fail(f"{target} not found")
+
+
+def test_steps_without_drafts_are_not_counted_as_verifications(tmp_path) -> None:
+    """SGLang's result processor counts every step of the adaptive worker as a verification; the
+    plugin takes back the count of a step the bandit ran at arm 0 (the policy knows the arm of the
+    step each report belongs to), and leaves speculative steps' counts alone."""
+    import json
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from rollout_server import plugin
+    from rollout_server.adaptive_policy import BanditSpecPolicy, SpecMetrics, adaptive_config_file
+    from tlt.speculation.bandit import BanditConfig, SpecArm
+
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps(adaptive_config_file(BanditConfig(arms=[SpecArm(draft_steps=s) for s in (0, 2)]))))
+    policy = BanditSpecPolicy(2, str(path), metrics=SpecMetrics(CollectorRegistry()), synchronous_launch=True)
+    processor = SimpleNamespace(model_worker=SimpleNamespace(adaptive_controller=SimpleNamespace(params=policy)))
+    batch = SimpleNamespace(reqs=[SimpleNamespace(spec_verify_ct=0), SimpleNamespace(spec_verify_ct=0)])
+
+    def resolve(processor, result, batch):  # what SGLang's method does with the counts and the policy
+        for req in batch.reqs:
+            req.spec_verify_ct += 1
+        policy.on_verify_complete([result] * len(batch.reqs), batch_size=len(batch.reqs))
+        return "tokens"
+
+    arms = []
+    for _ in range(4):  # the bandit tries arm 0, then arm 2, then its UCB choices
+        arms.append(policy.get_steps_for_batch(2))
+        assert plugin._count_speculative_steps_only(resolve, processor, 1 if arms[-1] else 0, batch) == "tokens"
+    assert arms[:2] == [0, 2]
+    assert [req.spec_verify_ct for req in batch.reqs] == [sum(1 for arm in arms if arm)] * 2

@@ -99,6 +99,12 @@ def test_adaptive_policy_switches_speculation_on_and_off_within_one_generation(t
     arms_used = {int(s) for (_, s), n in choices.items() if n > 0}
     assert 0 in arms_used and arms_used & {1, 2, 3, 4}
     assert len({b for (b, _), n in choices.items() if n > 0}) >= 3, "the batch crossed several buckets"
+    # Steps at arm 0 are not counted as speculative: the tokens the speculative steps committed (one
+    # per step plus its accepted drafts) fall short of all decoded tokens (all but the prefill's) by
+    # the arm-0 steps (SGLang itself counts an arm-0 step as a verification: the sums would match).
+    committed = sum(r["meta_info"].get("spec_verify_ct", 0) + r["meta_info"].get("spec_num_correct_drafts", 0) for r in results)
+    decoded = sum(len(r["output_ids"]) - 1 for r in results)
+    assert committed < decoded
 
 
 def _policy_distribution(prompt: list[int], top_p: float) -> torch.Tensor:

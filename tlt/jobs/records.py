@@ -41,8 +41,8 @@ class StepMetrics(BaseModel):
     publish_s: float
     loss: float
     clip_fraction: float
-    spec_accept_length: float  # tokens per verification step of the speculated samples; 0: none
-    speculated_fraction: float  # share of response tokens from samples that speculated
+    spec_accept_length: float  # tokens committed per speculative step (arm-0 steps left out); 0: none
+    speculated_fraction: float  # share of response tokens committed by speculative steps (draft steps > 0)
     resent: int  # samples re-sent after a server failed
     stale_samples: int  # samples a server generated with another policy version than this step's
     drafter_version: int = 0  # the job's newest drafter version after the step; 0: no drafter service

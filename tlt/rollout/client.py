@@ -25,7 +25,7 @@ class Completion(BaseModel):
     text: str
     finish_reason: str | None
     logprobs: list[float] | None = None
-    spec_verify_ct: int = Field(0, description="speculative verification steps this request took part in")
+    spec_verify_ct: int = Field(0, description="speculative steps (with drafts) this request took part in; steps the adaptive bandit ran at 0 draft steps are not counted")
     spec_accepted_drafts: int = Field(0, description="draft tokens the policy accepted in them")
     weight_version: str | None = Field(None, description="the policy version that generated it (SGLang's weight_version)")
 

@@ -4,8 +4,10 @@ costs (large batches, where verification work crowds out useful decoding).
 
 Each bucket runs discounted UCB1: arm means and counts decay by `discount` at every update of
 their bucket, so the choice follows a drafter that improves (or a policy that drifts) during
-training. Rewards are accepted tokens per second, divided by the bucket's best mean so far to
-keep UCB's exploration bonus on a fixed scale.
+training. Rewards are committed tokens per second per running request (so that an arm pulled
+while the batch shrinks within a bucket is not scored at a different batch size than its rivals),
+divided by the bucket's best mean so far to keep UCB's exploration bonus on a fixed scale. The
+buckets end at `max_speculative_batch`: above it only plain decoding runs and nothing is learned.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class SpecArm(BaseModel, frozen=True):
@@ -33,8 +35,9 @@ class BanditConfig(BaseModel):
     """Buckets, arms and learning rate of the controller; the defaults are the shipped ones."""
 
     bucket_bounds: list[int] = Field(
-        default_factory=lambda: [2, 4, 8, 16, 32, 64],
-        description="upper bounds (exclusive) of the batch-size buckets; the last bucket is open",
+        default_factory=lambda: [2, 4, 8, 16, 32, 48],
+        description="upper bounds (exclusive) of the batch-size buckets; the last bucket ends at "
+        "max_speculative_batch",
     )
     arms: list[SpecArm] = Field(default_factory=lambda: [SpecArm(draft_steps=s) for s in (0, 1, 2, 3, 4)])
     max_speculative_batch: int = Field(
@@ -53,6 +56,18 @@ class BanditConfig(BaseModel):
         if any(b <= a for a, b in itertools.pairwise(bounds)) or (bounds and bounds[0] < 1):
             raise ValueError("bucket bounds must be positive and strictly increasing")
         return bounds
+
+    @model_validator(mode="after")
+    def _buckets_end_at_the_cap(self) -> BanditConfig:
+        cap = self.max_speculative_batch
+        if "bucket_bounds" not in self.model_fields_set:  # the default bounds follow a smaller cap
+            self.bucket_bounds = [bound for bound in self.bucket_bounds if bound < cap]
+        if self.bucket_bounds and self.bucket_bounds[-1] > cap:
+            raise ValueError(
+                f"bucket bound {self.bucket_bounds[-1]} lies above max_speculative_batch "
+                f"{self.max_speculative_batch}: no arm but plain decoding runs there"
+            )
+        return self
 
     @field_validator("arms")
     @classmethod
@@ -113,16 +128,19 @@ class SpeculationBandit:
         return next((arm for arm in self.config.arms if not arm.speculative), None)
 
     def update(self, batch_size: int, arm: SpecArm, tokens: int, seconds: float) -> None:
-        """Record that `arm` produced `tokens` accepted tokens in `seconds` at this batch size."""
+        """Record that `arm` committed `tokens` tokens in `seconds` over a running batch of this size
+        (nothing is learned above `max_speculative_batch`, where `choose` runs plain decoding only)."""
         if seconds <= 0 or tokens < 0:
             raise ValueError("need tokens >= 0 and seconds > 0")
+        if batch_size > self.config.max_speculative_batch and self.off_arm is not None:
+            return
         bucket = self._buckets[self.bucket_of(batch_size)]
         index = self.config.arms.index(arm)
         gamma = self.config.discount
         bucket.counts = [c * gamma for c in bucket.counts]
         bucket.sums = [s * gamma for s in bucket.sums]
         bucket.counts[index] += 1.0
-        bucket.sums[index] += tokens / seconds
+        bucket.sums[index] += tokens / seconds / batch_size
         bucket.best_mean = max(bucket.mean(i) for i in range(len(bucket.counts)))
         bucket.history.append(index)
 
