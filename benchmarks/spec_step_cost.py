@@ -63,6 +63,7 @@ _STAGES = [
     ("target forward/verify", ("EAGLEWorkerV2.verify (", "TpModelWorker.forward_batch_generation (")),
 ]
 _ATTENTION = "rollout_server/cpu/attention.py"
+_OTHER_THREAD = "Thread._bootstrap ("  # the root frame of every thread but the main one
 CATEGORIES = ["draft forwards", "draft extend", "target forward/verify", "verify/sampling op", "index/KV ops", "scheduler & other"]
 
 
@@ -79,13 +80,15 @@ def _category(frames: list[str]) -> str:
 
 
 def breakdown(collapsed: str) -> dict[str, float]:
-    """Shares of the scheduler's samples per category (and of TLT's attention ops) from py-spy's
-    collapsed stacks (`frame;frame;... count` per line); py-spy records no idle samples."""
+    """Shares of the scheduler thread's samples per category (and of TLT's attention ops) from
+    py-spy's collapsed stacks (`frame;frame;... count` per line). The process's other threads
+    (SGLang's watchdog, tqdm's monitor) wait on condition variables, which py-spy does not
+    recognise as idle: their samples are a third of the process's and are left out."""
     shares: Counter[str] = Counter()
     attention = 0
     for line in collapsed.splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        if not stack or not count.isdigit() or stack.startswith(_OTHER_THREAD):
             continue
         frames = stack.split(";")
         shares[_category(frames)] += int(count)

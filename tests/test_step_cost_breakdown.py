@@ -15,11 +15,12 @@ STACKS = "\n".join(
         f"{_ROOT};EagleDraftWorker._draft_extend_for_decode (eagle_worker_v2.py:1211);rotate_input_ids_cpu (rollout_server/cpu/ops.py:150) 1",
         f"{_ROOT};EagleDraftWorker._draft_extend_for_decode (eagle_worker_v2.py:1211) 1",
         "run_scheduler_process (scheduler.py:6368);Scheduler.process_batch_result (scheduler.py:5000) 2",
+        "Thread._bootstrap (threading.py:1002);Thread._bootstrap_inner (threading.py:1045);WatchdogRaw._watchdog_thread (watchdog.py:80) 7",
     ]
 )
 
 
-def test_samples_are_filed_under_the_innermost_op_or_their_stage() -> None:
+def test_samples_are_filed_under_the_innermost_op_or_their_stage_and_other_threads_left_out() -> None:
     shares = breakdown(STACKS)
     assert shares["samples"] == 10
     assert shares["draft forwards"] == pytest.approx(0.3)
