@@ -4,9 +4,9 @@ costs (large batches, where verification work crowds out useful decoding).
 
 Each bucket runs discounted UCB1: arm means and counts decay by `discount` at every update of
 their bucket, so the choice follows a drafter that improves (or a policy that drifts) during
-training. Rewards are committed tokens per second per running request (so that an arm pulled
-while the batch shrinks within a bucket is not scored at a different batch size than its rivals),
-divided by the bucket's best mean so far to keep UCB's exploration bonus on a fixed scale. The
+training. Rewards are committed tokens per second per running request (batch throughput grows
+with the batch, so an arm pulled while the batch shrank within a bucket was scored on another
+scale than its rivals; per request the scale varies much less), divided by the bucket's best mean so far to keep UCB's exploration bonus on a fixed scale. The
 buckets end at `max_speculative_batch`: above it only plain decoding runs and nothing is learned.
 """
 
@@ -105,7 +105,7 @@ class SpeculationBandit:
     def choose(self, batch_size: int) -> SpecArm:
         """The arm to run next at this batch size: plain decoding above `max_speculative_batch`,
         else each arm once, then the best UCB score."""
-        if batch_size > self.config.max_speculative_batch and self.off_arm is not None:
+        if self._plain_only(batch_size):
             return self.off_arm
         bucket = self._buckets[self.bucket_of(batch_size)]
         untried = [i for i, c in enumerate(bucket.counts) if c == 0]
@@ -127,12 +127,16 @@ class SpeculationBandit:
         """The arm without speculation, if the configuration has one."""
         return next((arm for arm in self.config.arms if not arm.speculative), None)
 
+    def _plain_only(self, batch_size: int) -> bool:
+        """Whether only plain decoding runs at this batch size (above the speculative cap)."""
+        return batch_size > self.config.max_speculative_batch and self.off_arm is not None
+
     def update(self, batch_size: int, arm: SpecArm, tokens: int, seconds: float) -> None:
         """Record that `arm` committed `tokens` tokens in `seconds` over a running batch of this size
         (nothing is learned above `max_speculative_batch`, where `choose` runs plain decoding only)."""
         if seconds <= 0 or tokens < 0:
             raise ValueError("need tokens >= 0 and seconds > 0")
-        if batch_size > self.config.max_speculative_batch and self.off_arm is not None:
+        if self._plain_only(batch_size):
             return
         bucket = self._buckets[self.bucket_of(batch_size)]
         index = self.config.arms.index(arm)
