@@ -6,7 +6,7 @@ which PyPI does not ship. These functions keep the argument order and in-place c
 ops as `intel_amx_backend.py` calls them, so the backend runs unchanged on any CPU.
 
 Both attention ops gather each sequence's keys and values through `req_to_token`, pad the batch to
-its longest sequence and compute masked softmax attention in float32 with batched matmuls: a
+its longest sequence and compute masked softmax attention in float32 with PyTorch's fused kernel: a
 handful of tensor ops per call instead of a Python loop per sequence, which is what keeps SD's
 extra forward passes cheap on a small model.
 """
@@ -14,6 +14,7 @@ extra forward passes cheap on a small model.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 # Upper bound on the float32 score cells one extend chunk materialises (about 256 MiB).
 _EXTEND_SCORE_BUDGET = 64 * 1024 * 1024
@@ -35,12 +36,30 @@ def _check_supported(
 def _attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sm_scale: float, logit_cap: float
 ) -> torch.Tensor:
-    """Masked softmax attention with grouped KV heads.
+    """Masked softmax attention with grouped KV heads, in float32.
 
     q: [B, Q, H, D]; k: [B, K, Hkv, D]; v: [B, K, Hkv, Dv]; visible: [B, Q, K] bool.
-    Returns [B, Q, H, Dv] in q's dtype. Rows with no visible key (padding) come out as NaN and
-    are the caller's to drop.
+    Returns [B, Q, H, Dv] in q's dtype. Rows with no visible key (padding) are the caller's to drop.
     """
+    if logit_cap > 0:
+        return _attend_capped(q, k, v, visible, sm_scale, logit_cap)
+    # PyTorch's fused CPU kernel is 2-3x faster per call than matmul-mask-softmax-matmul on the
+    # small shapes of speculative steps (profiled: attention was a quarter of target verify).
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(1, 2),
+        k.float().transpose(1, 2),
+        v.float().transpose(1, 2),
+        attn_mask=visible[:, None],
+        scale=sm_scale,
+        enable_gqa=True,
+    )
+    return out.transpose(1, 2).to(q.dtype)
+
+
+def _attend_capped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, sm_scale: float, logit_cap: float
+) -> torch.Tensor:
+    """`_attend` with tanh soft-capped scores, which the fused kernel cannot apply."""
     batch, num_q, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     group = num_heads // num_kv_heads
@@ -48,8 +67,7 @@ def _attend(
     qg = q.float().view(batch, num_q, num_kv_heads, group, head_dim).permute(0, 2, 3, 1, 4)
     qg = qg.reshape(batch, num_kv_heads, group * num_q, head_dim)
     scores = torch.matmul(qg, k.float().permute(0, 2, 3, 1)) * sm_scale
-    if logit_cap > 0:
-        scores = logit_cap * torch.tanh(scores / logit_cap)
+    scores = logit_cap * torch.tanh(scores / logit_cap)
     mask = visible[:, None, None, :, :].expand(batch, 1, group, num_q, k.shape[1])
     scores = scores.view(batch, num_kv_heads, group, num_q, -1).masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(batch, num_kv_heads, group * num_q, -1)
