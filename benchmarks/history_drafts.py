@@ -8,6 +8,10 @@ is its longest prefix equal to the realised sample, plus the bonus token. For po
 that is an unbiased estimate of in-engine acceptance, since a lossless verifier accepts draft token
 x with probability p(x), the probability the realised sample has it.
 
+In-engine: a rollout server whose only arm is a history chain samples two epochs of the same
+prompts (the second with the first's responses in its history) and reports SGLang's own counts
+(verifications, accepted drafts) and the wall time of each epoch beside a plain server's.
+
     python -m benchmarks.history_drafts [--quick]
 """
 
@@ -30,7 +34,7 @@ from transformers import AutoTokenizer
 
 from benchmarks.common import RESULTS, write_json
 from tlt.local.process import RolloutServerProcess
-from tlt.paths import BUNDLED_MODEL
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.rollout.client import RolloutClient, SamplingParams
 from tlt.rollout.evaluation import rollout_with_server
 from tlt.speculation.history import HistoryConfig, HistoryDrafter
@@ -82,6 +86,32 @@ def _epoch(client: RolloutClient, tokenizer, problems, samples_per_prompt: int, 
     return [((r.a, r.b), r.prompt_ids, r.output_ids) for r in rollouts]
 
 
+def _in_engine(tokenizer, problems, samples_per_prompt: int, max_new_tokens: int, draft_len: int, log: Path) -> list[dict]:
+    """Two epochs on a server with one history arm of `draft_len` tokens and, side by side, on a
+    plain server (interleaved: plain, history, per epoch): SGLang's counts and wall times."""
+    history_args = ["--speculative", "adaptive", "--draft-model-path", str(BUNDLED_DRAFTER)]
+    history_args += ["--speculative-arms", "[]", "--history-arms", f"[{draft_len}]", "--random-seed", "0"]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    rows = []
+    with (
+        RolloutServerProcess(BUNDLED_MODEL, log.with_suffix(".plain.log"), args=["--random-seed", "0"]) as plain,
+        RolloutServerProcess(BUNDLED_MODEL, log.with_suffix(".history.log"), args=history_args) as history,
+    ):
+        for epoch in (1, 2):
+            row = {"epoch": epoch, "draft_len": draft_len}
+            for name, server in (("plain", plain), ("history", history)):
+                start = time.monotonic()
+                _, rollouts = rollout_with_server(server.client(), tokenizer, problems, samples_per_prompt, params)
+                row[f"{name}_s"] = round(time.monotonic() - start, 2)
+            verifications = sum(r.spec_verify_ct for r in rollouts)
+            row["tokens_per_verification"] = round((verifications + sum(r.spec_accepted_drafts for r in rollouts)) / verifications, 3)
+            row["speedup"] = round(row["plain_s"] / row["history_s"], 3)
+            typer.echo(f"  in-engine epoch {epoch}, history chain {draft_len}: {row['tokens_per_verification']:.2f} tokens per "
+                       f"verification, {row['history_s']:.1f}s vs {row['plain_s']:.1f}s plain ({row['speedup']:.2f}x)")  # fmt: skip
+            rows.append(row)
+    return rows
+
+
 def _plain_step_s(client: RolloutClient, tokenizer, problems, batch: int) -> float:
     """A plain decode step at `batch` running requests: the difference of two fixed-length batches,
     which cancels prefill and request overheads."""
@@ -111,6 +141,7 @@ def main(
             typer.echo(f"sampling two epochs of {prompts} prompts x {samples_per_prompt} at T=1 ...")
             epochs = [_epoch(client, tokenizer, problems, samples_per_prompt, max_new_tokens) for _ in range(2)]
             plain_s = _plain_step_s(client, tokenizer, GcdTask().sample(64, seed=1), 64)
+        in_engine = _in_engine(tokenizer, problems, samples_per_prompt, max_new_tokens, 4, log)
     rows = []
     for key_len, draft_len in itertools.product(KEY_LENS, (2, 4, 8)):
         for name, source in SOURCES.items():
@@ -139,6 +170,7 @@ def main(
         "max_new_tokens": max_new_tokens,
         "mean_response_tokens": round(statistics.mean(len(s[2]) for s in epochs[1]), 1),
         "rows": rows,
+        "in_engine": in_engine,
         "lookup_batch": len(batch),
         "lookup_us_per_step": round(lookup_s * 1e6, 1),
         "plain_decode_step_ms_batch_64": round(plain_s * 1e3, 3),

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollout_server.cpu import cpu_engine_requested
+from rollout_server.history_source import ServerHistory
 from tlt.speculation.bandit import BanditConfig, SpecArm, SpeculationBandit
+from tlt.speculation.history import HistoryConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -32,16 +34,29 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "tlt"
+HISTORY_KEY = "tlt_history"
 # A gap this long between two verify reports is idle time, not a decode step.
 MAX_STEP_SECONDS = 2.0
 
 
-def adaptive_config_file(bandit: BanditConfig) -> dict[str, Any]:
+def adaptive_config_file(bandit: BanditConfig, history: HistoryConfig | None = None) -> dict[str, Any]:
     """The content of SGLang's `--speculative-adaptive-config` file for this bandit: one
-    batch-size entry whose candidate steps are the arms (what SGLang builds runtime states and sizes
-    buffers for) and the bandit's own configuration under `tlt`."""
+    batch-size entry whose candidate steps are the arms' draft lengths (what SGLang builds runtime
+    states and sizes buffers for; an EAGLE arm and a history arm of one length share a state), the
+    bandit's own configuration under `tlt` and the history drafter's under `tlt_history`."""
     steps = sorted({arm.draft_steps for arm in bandit.arms})
-    return {"1": {"candidate_steps": steps}, CONFIG_KEY: bandit.model_dump(mode="json")}
+    content = {"1": {"candidate_steps": steps}, CONFIG_KEY: bandit.model_dump(mode="json")}
+    if history is not None:
+        content[HISTORY_KEY] = history.model_dump(mode="json")
+    return content
+
+
+_active: BanditSpecPolicy | None = None
+
+
+def active_policy() -> BanditSpecPolicy | None:
+    """The policy of this scheduler process's adaptive worker (None: no adaptive speculation)."""
+    return _active
 
 
 class SpecMetrics:
@@ -64,12 +79,13 @@ class SpecMetrics:
         self.choices = Counter(
             "tlt_sd_choices",
             "decode steps run per batch-size bucket and chosen arm",
-            ["bucket", "draft_steps"],
+            ["bucket", "draft_steps", "source"],
             registry=registry,
         )
         self.accept_length = Histogram(
             "tlt_sd_accept_length",
-            "tokens committed per request per speculative step (accepted drafts + 1)",
+            "tokens committed per request per speculative step (accepted drafts + 1), per draft source",
+            ["source"],
             buckets=[1, 2, 3, 4, 5, 6, 8, 12, 17],
             registry=registry,
         )
@@ -104,13 +120,17 @@ class BanditSpecPolicy:
         metrics: SpecMetrics | None = None,
         synchronous_launch: bool | None = None,
     ) -> None:
-        config = BanditConfig()
+        config, history = BanditConfig(), HistoryConfig()
         if cfg_path is not None:
-            config = BanditConfig.model_validate(json.loads(Path(cfg_path).read_text())[CONFIG_KEY])
+            content = json.loads(Path(cfg_path).read_text())
+            config = BanditConfig.model_validate(content[CONFIG_KEY])
+            history = HistoryConfig.model_validate(content.get(HISTORY_KEY, {}))
         if any(arm.topk != 1 for arm in config.arms):
             raise ValueError("SGLang's adaptive worker switches chains only: every arm needs topk 1")
         self.bandit = SpeculationBandit(config)
-        self._arms = {arm.draft_steps: arm for arm in config.arms}
+        self._steps = sorted({arm.draft_steps for arm in config.arms})
+        # The token history of the served requests, where an arm drafts from it.
+        self.history = ServerHistory(history) if any(arm.source == "history" for arm in config.arms) else None
         self._cuda_graph_bs: list[int] | None = None
         self.synchronous_launch = cpu_engine_requested() if synchronous_launch is None else synchronous_launch
         # Steps launched and not yet reported, oldest first.
@@ -126,12 +146,19 @@ class BanditSpecPolicy:
                 self.metrics = SpecMetrics()
             except ValueError:  # already registered in this process (a second worker); keep serving
                 logger.warning("TLT speculation metrics already registered in this process")
-        logger.info("TLT bandit policy: arms %s, initial steps %d", sorted(self._arms), initial_steps)
+        logger.info("TLT bandit policy: arms %s, initial steps %d", [a.label for a in config.arms], initial_steps)
+        global _active
+        _active = self
 
     @property
     def candidate_steps(self) -> list[int]:
         """Draft lengths SGLang must build runtime states for."""
-        return sorted(self._arms)
+        return list(self._steps)
+
+    @property
+    def launching_arm(self) -> SpecArm | None:
+        """The arm of the step being launched (chosen by the latest `get_steps_for_batch`)."""
+        return self._pending[-1].arm if self._pending else None
 
     def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
         """The batch sizes SGLang captures CUDA graphs at (None: graphs are off, as on the CPU)."""
@@ -164,7 +191,7 @@ class BanditSpecPolicy:
             self.metrics.draft_steps.set(arm.draft_steps)
             self.metrics.batch_size.set(batch_size)
             bucket = str(self.bandit.bucket_of(batch))
-            self.metrics.choices.labels(bucket=bucket, draft_steps=str(arm.draft_steps)).inc()
+            self.metrics.choices.labels(bucket=bucket, draft_steps=str(arm.draft_steps), source=arm.source).inc()
         return arm.draft_steps
 
     def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> int | None:
@@ -179,8 +206,9 @@ class BanditSpecPolicy:
             return None
         tokens = sum(n + 1 for n in num_correct_drafts_per_req)
         if self.metrics is not None and step.arm.speculative:
+            histogram = self.metrics.accept_length.labels(source=step.arm.source)
             for n in num_correct_drafts_per_req:
-                self.metrics.accept_length.observe(n + 1)
+                histogram.observe(n + 1)
         if not self.synchronous_launch:
             self._credit(step, tokens, now - previous if previous is not None else 0.0)
         elif step.ended is not None:

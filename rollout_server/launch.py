@@ -20,6 +20,7 @@ from rollout_server.drafter_swap import DRAFTER_JOB_ENV
 from rollout_server.sample_recorder import SAMPLES_JOB_ENV
 from rollout_server.sglang_args import bandit_config, sglang_argv
 from tlt.settings.rollout_server import RolloutServerSettings
+from tlt.speculation.history import HistoryConfig
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,8 @@ def serve(settings: RolloutServerSettings) -> None:
         adaptive_config = None
         if settings.speculative == "adaptive":
             adaptive_config = Path(scratch) / "adaptive.json"
-            adaptive_config.write_text(json.dumps(adaptive_config_file(bandit_config(settings))))
+            history = HistoryConfig() if settings.history_arms else None
+            adaptive_config.write_text(json.dumps(adaptive_config_file(bandit_config(settings), history)))
         server_args = prepare_server_args(sglang_argv(settings, adaptive_config))
         # It waits for the server itself (the worker polls it until it answers).
         spot_worker = SpotWorkerChild().start() if settings.spot_worker else None

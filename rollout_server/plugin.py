@@ -18,10 +18,11 @@ import os
 import msgspec
 import torch
 
-from rollout_server import cpu
+from rollout_server import adaptive_policy, cpu
 from rollout_server.adaptive_policy import BanditSpecPolicy
 from rollout_server.cpu import attention, ops, sampling
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV, swapper_for
+from rollout_server.history_source import chain_outputs
 from rollout_server.request_checks import check_prompt_ids
 from rollout_server.sample_recorder import SAMPLES_JOB_ENV, recorder_from_env
 from rollout_server.server_features import install_features_route
@@ -58,6 +59,7 @@ _SAMPLED_VERIFY_OPS = {
 _AMX_FALLBACK_PASS = "sglang.srt.arg_groups.overrides._attention_backend_platform_fallbacks"
 _GET_LOADS = "sglang.srt.managers.tokenizer_control_mixin.TokenizerControlMixin.get_loads"
 _WEIGHT_UPDATER = "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager"
+_DRAFT_WORKER = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker"
 
 
 def _defined(name: str) -> bool:
@@ -133,6 +135,48 @@ def _record_finished_samples(streamer, reqs, *args, **kwargs) -> None:
     recorder = _recorder()
     if recorder is not None:
         recorder.record_finished(reqs)
+
+
+def _keep_history(streamer, reqs, *args, **kwargs) -> None:
+    """BEFORE-hook on SchedulerOutputStreamer.stream_output: finished responses become history."""
+    policy = adaptive_policy.active_policy()
+    if policy is not None and policy.history is not None:
+        policy.history.observe_finished(reqs)
+
+
+# The history chain of the draft being built: set around EagleDraftWorker.draft, read by its
+# draft_forward (the scheduler runs one batch at a time on one thread).
+_history_chain: list = []
+
+
+def _draft_from_history(original_fn, worker, batch, *args, **kwargs):
+    """AROUND-hook on EagleDraftWorker.draft: for a history arm, the chain comes from the token
+    history (computed here, where the batch's requests are known) instead of the drafter."""
+    policy = adaptive_policy.active_policy()
+    arm = policy.launching_arm if policy is not None else None
+    if arm is None or arm.source != "history" or policy.history is None or batch.forward_mode.is_idle():
+        return original_fn(worker, batch, *args, **kwargs)
+    if worker.speculative_num_steps != arm.draft_steps:
+        raise RuntimeError(f"history arm of {arm.draft_steps} steps launched in a runtime state of {worker.speculative_num_steps}")
+    from sglang.srt.runtime_context import get_spec
+
+    if get_spec().speculative_use_rejection_sampling and not batch.sampling_info.is_all_greedy:
+        raise RuntimeError("history drafts are point proposals: run without --speculative-use-rejection-sampling")
+    # The drafter's own first guess (from its extend over the last step) fills positions the
+    # history has no token for.
+    filler = batch.spec_info.topk_index[:, 0]
+    _history_chain.append(policy.history.drafts(batch.reqs, arm.draft_steps, filler))
+    try:
+        return original_fn(worker, batch, *args, **kwargs)
+    finally:
+        _history_chain.clear()
+
+
+def _history_draft_forward(original_fn, worker, forward_batch, *args, **kwargs):
+    """AROUND-hook on EagleDraftWorker.draft_forward: no drafter pass when the chain is history's."""
+    if not _history_chain:
+        return original_fn(worker, forward_batch, *args, **kwargs)
+    return chain_outputs(_history_chain[0])
 
 
 def _count_speculative_steps_only(original_fn, processor, result, batch, *args, **kwargs):
@@ -235,6 +279,9 @@ def register() -> None:
     # With --speculative-adaptive, SGLang's EAGLE worker asks this policy for each step's draft length.
     HookRegistry.register(_ADAPTIVE_POLICY, BanditSpecPolicy, HookType.REPLACE)
     HookRegistry.register(_RESOLVE_SPEC_TOKENS, _count_speculative_steps_only, HookType.AROUND)
+    HookRegistry.register(f"{_DRAFT_WORKER}.draft", _draft_from_history, HookType.AROUND)
+    HookRegistry.register(f"{_DRAFT_WORKER}.draft_forward", _history_draft_forward, HookType.AROUND)
+    HookRegistry.register(_STREAM_OUTPUT, _keep_history, HookType.BEFORE)
     if os.environ.get(DRAFTER_JOB_ENV):
         HookRegistry.register(_RUN_BATCH, _swap_drafter_between_batches, HookType.BEFORE)
     if os.environ.get(SAMPLES_JOB_ENV):

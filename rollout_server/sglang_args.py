@@ -12,9 +12,11 @@ SPECULATIVE_MAX_RUNNING_REQUESTS = 1024
 
 
 def bandit_config(settings: RolloutServerSettings) -> BanditConfig:
-    """The adaptive policy's configuration: one arm per draft length (0..draft_steps by default)."""
+    """The adaptive policy's configuration: one EAGLE arm per draft length (0..draft_steps by
+    default; 0 = off) and one history arm per `history_arms` length."""
     lengths = settings.speculative_arms if settings.speculative_arms is not None else range(settings.draft_steps + 1)
-    return BanditConfig(arms=[SpecArm(draft_steps=steps) for steps in lengths])
+    eagle = [SpecArm(draft_steps=steps) for steps in lengths]
+    return BanditConfig(arms=eagle + [SpecArm(draft_steps=steps, source="history") for steps in settings.history_arms])
 
 
 def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | None = None) -> list[str]:

@@ -152,6 +152,6 @@ def test_metrics_follow_the_choices(tmp_path: Path, clock: list[float]) -> None:
     assert registry.get_sample_value("tlt_sd_draft_steps") == 3
     clock[0] += 0.01
     policy.on_verify_complete([2], batch_size=1)
-    assert registry.get_sample_value("tlt_sd_accept_length_count") == 1
-    assert registry.get_sample_value("tlt_sd_accept_length_sum") == 3
-    assert registry.get_sample_value("tlt_sd_choices_total", {"bucket": "0", "draft_steps": "3"}) == 1
+    assert registry.get_sample_value("tlt_sd_accept_length_count", {"source": "eagle"}) == 1
+    assert registry.get_sample_value("tlt_sd_accept_length_sum", {"source": "eagle"}) == 3
+    assert registry.get_sample_value("tlt_sd_choices_total", {"bucket": "0", "draft_steps": "3", "source": "eagle"}) == 1

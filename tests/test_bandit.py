@@ -139,6 +139,10 @@ def test_buckets_and_validation() -> None:
         BanditConfig(bucket_bounds=[4, 4])
     with pytest.raises(ValidationError):
         BanditConfig(arms=[SpecArm(draft_steps=1), SpecArm(draft_steps=1)])
+    with pytest.raises(ValueError, match="history arm drafts a chain"):
+        SpecArm(draft_steps=0, source="history")
+    # One length from two sources: two arms.
+    assert len(BanditConfig(arms=[SpecArm(draft_steps=2), SpecArm(draft_steps=2, source="history")]).arms) == 2
 
 
 def test_above_the_speculative_batch_cap_only_plain_decoding_runs() -> None:

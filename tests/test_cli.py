@@ -65,9 +65,10 @@ def test_run_refuses_a_bad_job_file_naming_the_field(tmp_path: Path, text: str, 
 
 @pytest.mark.slow
 def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> None:
-    """The README's main command, shortened to two steps on one server."""
+    """The README's main command, shortened to two steps on one server; policy versions go through
+    Redis and the policy followers (one run covers both: each costs a minute)."""
     result = subprocess.run(
-        [*TLT, "run", "--steps", "2", "--servers", "1", "--runs-dir", str(tmp_path)],
+        [*TLT, "run", "--steps", "2", "--servers", "1", "--policy-channel", "redis", "--runs-dir", str(tmp_path)],
         capture_output=True, text=True, check=False, timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -84,6 +85,10 @@ def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> No
         assert (run_dir / plot).stat().st_size > 1000
     for log in ("redis", "drafter_service", "rollout-0", "spot-0", "trainer"):
         assert (run_dir / "logs" / f"{log}.log").exists()
+    assert [m["stale_samples"] for m in metrics] == [0, 0]
+    follower_log = (run_dir / "logs" / "follower-0.log").read_text()
+    assert "serving policy v0" in follower_log and "serving policy v1" in follower_log
+    assert not (run_dir / "policy").exists()  # nothing went through the disk channel
 
 
 @pytest.mark.slow
@@ -113,19 +118,3 @@ def test_a_server_that_cannot_start_is_reported_and_cleaned_up(tmp_path: Path) -
     with pytest.raises(ServerStartError, match="exited"):
         server.start(timeout_s=240)
     assert server.process is None
-
-
-@pytest.mark.slow
-def test_run_with_the_redis_policy_channel(tmp_path: Path) -> None:
-    """Policy versions through Redis and the policy followers, speculation off."""
-    result = subprocess.run(
-        [*TLT, "run", "--steps", "2", "--servers", "1", "--speculative", "off", "--policy-channel", "redis", "--runs-dir", str(tmp_path)],
-        capture_output=True, text=True, check=False, timeout=900,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    (run_dir,) = list(tmp_path.iterdir())
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["stale_samples"] for m in metrics] == [0, 0] and all(m["spec_accept_length"] == 0 for m in metrics)
-    follower_log = (run_dir / "logs" / "follower-0.log").read_text()
-    assert "serving policy v0" in follower_log and "serving policy v1" in follower_log
-    assert not (run_dir / "policy").exists()  # nothing went through the disk channel

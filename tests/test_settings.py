@@ -161,6 +161,14 @@ def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path
     pinned = adaptive.model_copy(update={"speculative_arms": [0]})
     assert [arm.draft_steps for arm in bandit_config(pinned).arms] == [0]
     assert _flag(sglang_argv(pinned, tmp_path / "adaptive.json"), "--speculative-num-steps") == "0"
+    # History arms beside EAGLE's; SGLang starts on (and sizes for) the longest of all.
+    mixed = adaptive.model_copy(update={"history_arms": [2, 8]})
+    assert [arm.label for arm in bandit_config(mixed).arms] == ["off", *(f"eagle{k}" for k in (1, 2, 3, 4)), "history2", "history8"]
+    assert _flag(sglang_argv(mixed, tmp_path / "adaptive.json"), "--speculative-num-steps") == "8"
+    history_only = RolloutServerSettings(
+        model_path=model_dir, speculative="adaptive", draft_model_path=drafter, speculative_arms=[], history_arms=[3]
+    )
+    assert [arm.label for arm in bandit_config(history_only).arms] == ["history3"]
     with pytest.raises(ValueError, match="config file"):
         sglang_argv(adaptive)
     argv = sglang_argv(adaptive, tmp_path / "adaptive.json")
@@ -178,6 +186,9 @@ def test_speculation_translates_to_sglangs_eagle_flags(model_dir: Path, tmp_path
         ({"speculative": "always", "draft_tokens": 9}, True, "leave draft_tokens unset"),
         ({"speculative": "always", "speculative_arms": [1]}, True, "needs speculative=adaptive"),
         ({"speculative": "adaptive", "speculative_arms": [0, 5]}, True, "distinct draft lengths in 0..4"),
+        ({"speculative": "adaptive", "speculative_arms": []}, True, "distinct draft lengths in 0..4"),
+        ({"speculative": "always", "history_arms": [2]}, True, "needs speculative=adaptive"),
+        ({"speculative": "adaptive", "history_arms": [0]}, True, "distinct draft lengths in 1..16"),
     ],
 )
 def test_inconsistent_speculation_settings_are_refused(

@@ -32,8 +32,10 @@ DRAFTER = ["--draft-model-path", str(BUNDLED_DRAFTER), "--random-seed", "0"]
 STRATEGIES = {
     "chain-3": ["--speculative", "always", "--draft-steps", "3", *DRAFTER],
     "tree-3x2": ["--speculative", "always", "--draft-steps", "3", "--draft-topk", "2", "--draft-tokens", "6", *DRAFTER],
-    "adaptive": ["--speculative", "adaptive", "--enable-metrics", *DRAFTER],
+    # EAGLE and history arms: the bandit tries each in every bucket, so sources switch mid-generation.
+    "adaptive": ["--speculative", "adaptive", "--history-arms", "[2, 4, 8]", "--enable-metrics", *DRAFTER],
 }
+HISTORY_ONLY = ["--speculative", "adaptive", "--speculative-arms", "[]", "--history-arms", "[3]", *DRAFTER]
 
 
 @cache
@@ -82,10 +84,11 @@ def test_greedy_outputs_equal_hf_generate(sd_server, batch: int) -> None:
         assert sum(tokens) / sum(verified) > 1.5
 
 
-def _metric_samples(server: RolloutServerProcess, metric: str) -> dict[tuple[str, str], float]:
+def _metric_samples(server: RolloutServerProcess, metric: str) -> dict[tuple[str, str, str], float]:
+    """(bucket, draft steps, source) -> value."""
     text = requests.get(f"{server.url}/metrics", timeout=30).text
-    pattern = re.compile(rf'^{metric}\{{bucket="(\d+)",draft_steps="(\d+)"\}} ([0-9.e+]+)$', re.MULTILINE)
-    return {(b, s): float(v) for b, s, v in pattern.findall(text)}
+    pattern = re.compile(rf'^{metric}\{{bucket="(\d+)",draft_steps="(\d+)",source="(\w+)"\}} ([0-9.e+]+)$', re.MULTILINE)
+    return {(b, s, source): float(v) for b, s, source, v in pattern.findall(text)}
 
 
 def test_adaptive_policy_switches_speculation_on_and_off_within_one_generation(tmp_path_factory) -> None:
@@ -95,10 +98,12 @@ def test_adaptive_policy_switches_speculation_on_and_off_within_one_generation(t
         choices = _metric_samples(server, "tlt_sd_choices_total")
     assert [r["output_ids"] for r in results] == reference
     # One batch of 32 shrinking to its longest request: the bandit explores every arm in every
-    # bucket it passes through, so speculation went off and on while the long requests ran.
-    arms_used = {int(s) for (_, s), n in choices.items() if n > 0}
-    assert 0 in arms_used and arms_used & {1, 2, 3, 4}
-    assert len({b for (b, _), n in choices.items() if n > 0}) >= 3, "the batch crossed several buckets"
+    # bucket it passes through, so speculation went off and on, and drafts switched between the
+    # drafter and the history, while the long requests ran.
+    arms_used = {(source, int(s)) for (_, s, source), n in choices.items() if n > 0}
+    assert ("eagle", 0) in arms_used and arms_used & {("eagle", k) for k in (1, 2, 3, 4)}
+    assert arms_used >= {("history", k) for k in (2, 4, 8)}
+    assert len({b for (b, _, _), n in choices.items() if n > 0}) >= 3, "the batch crossed several buckets"
     # Steps at arm 0 are not counted as speculative: the tokens the speculative steps committed (one
     # per step plus its accepted drafts) fall short of all decoded tokens (all but the prefill's) by
     # the arm-0 steps (SGLang itself counts an arm-0 step as a verification: the sums would match).
@@ -132,6 +137,7 @@ def _chi_square_pvalue(server: RolloutServerProcess, top_p: float, draws: int = 
     prompt = tokenizer("84,36:").input_ids
     results = _generate(server, [prompt] * draws, max_new_tokens=3, temperature=1.0, top_p=top_p, ignore_eos=True)
     assert all(r["meta_info"]["spec_verify_ct"] >= 1 for r in results), "tokens 2-3 come from verification"
+    assert sum(r["meta_info"]["spec_num_correct_drafts"] for r in results) > draws / 10, "drafts were accepted"
     counts = Counter(tuple(r["output_ids"][:3]) for r in results)
     joint = _policy_distribution(prompt, top_p)
     expected = joint * draws
@@ -149,14 +155,23 @@ def chain_server(tmp_path_factory) -> Iterator[RolloutServerProcess]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def history_server(tmp_path_factory) -> Iterator[RolloutServerProcess]:
+    """History drafts only: the later draws of a batch draft from their finished siblings."""
+    with _server("history-sampling", HISTORY_ONLY, tmp_path_factory) as server:
+        yield server
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
-def test_sampling_keeps_the_policy_distribution(chain_server, top_p: float) -> None:
-    assert _chi_square_pvalue(chain_server, top_p) > 1e-4
+@pytest.mark.parametrize("source", ["eagle", "history"])
+def test_sampling_keeps_the_policy_distribution(chain_server, history_server, source: str, top_p: float) -> None:
+    assert _chi_square_pvalue(chain_server if source == "eagle" else history_server, top_p) > 1e-4
 
 
 def test_the_distribution_test_fails_for_a_biased_acceptance_rule(tmp_path_factory) -> None:
-    # SGLang's own knob: accept a draft when the coin is below mass / 0.3, not below the mass.
-    biased = [*STRATEGIES["chain-3"], "--", "--speculative-accept-threshold-acc", "0.3"]
+    # SGLang's own knob: accept a draft when the coin is below mass / 0.3, not below the mass. One
+    # acceptance rule verifies EAGLE's and the history's chains alike: the history's drafts test it.
+    biased = [*HISTORY_ONLY, "--", "--speculative-accept-threshold-acc", "0.3"]
     with _server("biased-rule", biased, tmp_path_factory) as server:
         assert _chi_square_pvalue(server, 1.0) < 1e-6
 

@@ -69,6 +69,12 @@ class RolloutServerSettings(DeviceSettings):
         description="adaptive only: the draft lengths the bandit chooses from (each 0..draft-steps; 0 = off); "
         "default 0..draft-steps. A single arm pins every step to it (the step-cost benchmark does)",
     )
+    history_arms: list[int] = Field(
+        default_factory=list,
+        description="adaptive only: draft lengths (1..16) of arms whose drafts come from the token history of the "
+        "request's prompt group (its own text and prompt, its siblings, earlier epochs, recent responses) instead "
+        "of the EAGLE drafter: no draft forward pass. Empty: EAGLE arms only",
+    )
     draft_topk: int = Field(1, ge=1, le=8, description="draft tree branching (always only; adaptive uses chains)")
     draft_tokens: int | None = Field(
         None, ge=2, le=64, description="tokens verified per step; default draft-steps + 1 (the whole chain)"
@@ -129,8 +135,14 @@ class RolloutServerSettings(DeviceSettings):
             arms = self.speculative_arms
             if self.speculative != "adaptive":
                 raise ValueError("speculative_arms needs speculative=adaptive")
-            if not arms or len(set(arms)) != len(arms) or not all(0 <= a <= self.draft_steps for a in arms):
+            if (not arms and not self.history_arms) or len(set(arms)) != len(arms) or not all(0 <= a <= self.draft_steps for a in arms):
                 raise ValueError(f"speculative_arms must be distinct draft lengths in 0..{self.draft_steps}, got {arms}")
+        if self.history_arms:
+            arms = self.history_arms
+            if self.speculative != "adaptive":
+                raise ValueError("history_arms needs speculative=adaptive")
+            if len(set(arms)) != len(arms) or not all(1 <= a <= 16 for a in arms):
+                raise ValueError(f"history_arms must be distinct draft lengths in 1..16, got {arms}")
         if self.draft_topk > 1 and self.draft_tokens is None:
             raise ValueError("a draft tree (draft_topk > 1) needs draft_tokens, the number of tokens to verify")
         if self.draft_topk == 1 and self.draft_tokens not in (None, self.draft_steps + 1):

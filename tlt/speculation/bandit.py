@@ -16,19 +16,34 @@ import bisect
 import itertools
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 
 class SpecArm(BaseModel, frozen=True):
-    """A speculation strategy the engine can switch to between decode steps (0 steps = off)."""
+    """A speculation strategy the engine can switch to between decode steps (0 steps = off): a
+    draft length and where the drafts come from (the EAGLE drafter, or the token history of the
+    request's prompt group, which costs no forward pass)."""
 
     draft_steps: int = Field(ge=0, le=16)
     topk: int = Field(1, ge=1, le=8)
+    source: Literal["eagle", "history"] = "eagle"
+
+    @model_validator(mode="after")
+    def _history_drafts_something(self) -> SpecArm:
+        if self.source == "history" and (self.draft_steps == 0 or self.topk != 1):
+            raise ValueError("a history arm drafts a chain: draft_steps >= 1 and topk 1")
+        return self
 
     @property
     def speculative(self) -> bool:
         return self.draft_steps > 0
+
+    @property
+    def label(self) -> str:
+        """A short name for metrics and reports: `off`, `eagle4`, `history8`."""
+        return f"{self.source}{self.draft_steps}" if self.speculative else "off"
 
 
 class BanditConfig(BaseModel):
