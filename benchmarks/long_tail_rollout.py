@@ -1,16 +1,25 @@
-"""A long-tail rollout of the tiny task under three speculation modes, side by side in one run:
-no SD, always-on SD and adaptive SD (TLT's bandit), same model, drafter, prompts and machine.
+"""A long-tail rollout of the tiny task under several speculation modes, side by side in one run,
+same model, drafter, prompts and machine.
+
+Greedy workload: no SD, always-on SD and adaptive SD (TLT's bandit, EAGLE arms) over 512 distinct
+problems.
+
+RL-shaped workload (`--rl`): prompt groups (64 prompts x 8 samples at T=1, as a GRPO step sends
+them) on servers that saw an earlier epoch of the same prompts; modes: no SD, adaptive with EAGLE
+arms only, with history arms only, and with both. The servers stay up across the interleaved
+rounds, so round r has r earlier epochs in its history (as an RL job's later steps do).
 
 Every request of the batch is in flight at once, as an RL step sends it; the running batch then
 shrinks to the few long responses. Decoding is greedy over distinct problems so that all three
 modes produce the same tokens (checked) and differ only in time; the task's response lengths are
 heavy-tailed by construction. A poller reads /metrics every 0.2 s for the SD on/off timeline.
 
-    python -m benchmarks.long_tail_rollout [--quick]
+    python -m benchmarks.long_tail_rollout [--quick] [--rl]
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 import threading
@@ -38,6 +47,13 @@ MODES = {
     "no SD": [],
     "always-on SD": ["--speculative", "always"],
     "adaptive SD": ["--speculative", "adaptive"],
+}
+HISTORY_ARMS = "[2, 4, 8]"
+RL_MODES = {
+    "no SD": [],
+    "adaptive EAGLE": ["--speculative", "adaptive"],
+    "adaptive history": ["--speculative", "adaptive", "--speculative-arms", "[0]", "--history-arms", HISTORY_ARMS],
+    "adaptive both": ["--speculative", "adaptive", "--history-arms", HISTORY_ARMS],
 }
 POLL_S = 0.2
 _GAUGE = re.compile(r"^(sglang:num_running_reqs|tlt_sd_draft_steps)(?:\{[^}]*\})? ([0-9.e+-]+)$", re.MULTILINE)
@@ -140,11 +156,20 @@ def main(
         list[int],
         typer.Option(help="KV cache sizes to run: TLT's CPU default, and room for the whole batch as on a GPU"),
     ] = [65536, 262144],  # noqa: B006 (typer reads the default)
-    repeats: Annotated[int, typer.Option(min=1, help="rounds over the three modes; figures are per-mode means")] = 2,
+    repeats: Annotated[int, typer.Option(min=1, help="rounds over the modes; figures are per-mode means")] = 2,
     seed: int = 0,
+    rl: Annotated[bool, typer.Option(help="the RL-shaped workload (prompt groups at T=1, history arms) instead")] = False,
 ) -> None:
     count = 32 if quick else problems
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    if rl:
+        prompts, samples, tokens = (8, 4, 128) if quick else (64, 8, 400)
+        scenario = _rl_scenario(tokenizer, prompts, samples, tokens, draft_steps, 1 if quick else max(repeats, 3))
+        name = "long_tail_rollout_rl_quick" if quick else "long_tail_rollout_rl"
+        path = write_json(name, scenario)
+        _plot_rl(scenario, RESULTS / f"{name}.png")
+        typer.echo(f"wrote {path}")
+        return
     batch = GcdTask().sample(count, seed=seed, split="test")
     scenarios = [
         _scenario(batch, tokenizer, max_new_tokens, draft_steps, kv, 1 if quick else repeats)
@@ -155,6 +180,43 @@ def main(
     path = write_json(name, {**data, "scenarios": scenarios})
     _plot(scenarios, RESULTS / f"{name}.png")
     typer.echo(f"wrote {path}")
+
+
+def _rl_scenario(tokenizer, prompts: int, samples: int, max_new_tokens: int, draft_steps: int, repeats: int) -> dict:
+    """RL_MODES on one server each, kept up: a warm-up epoch, then `repeats` epochs interleaved."""
+    problems = GcdTask().sample(prompts, seed=0)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    makespans: dict[str, list[float]] = {name: [] for name in RL_MODES}
+    counts: dict[str, list[float]] = {name: [] for name in RL_MODES}
+    typer.echo(f"RL-shaped: {prompts} prompts x {samples} samples, T=1, {max_new_tokens} tokens at most")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        servers = {}
+        for i, (name, args) in enumerate(RL_MODES.items()):
+            flags = [*args, "--random-seed", "0"]
+            if args:
+                flags += ["--draft-model-path", str(BUNDLED_DRAFTER), "--draft-steps", str(draft_steps)]
+            servers[name] = stack.enter_context(RolloutServerProcess(BUNDLED_MODEL, Path(tmp) / f"server-{i}.log", args=flags))
+        for name, server in servers.items():  # the earlier epoch every measured one can draft from
+            rollout_with_server(server.client(), tokenizer, problems, samples, params)
+        for round_ in range(repeats):
+            for name, server in servers.items():
+                start = time.monotonic()
+                _, rollouts = rollout_with_server(server.client(), tokenizer, problems, samples, params)
+                makespans[name].append(round(time.monotonic() - start, 3))
+                verifications = sum(r.spec_verify_ct for r in rollouts)
+                accepted = sum(r.spec_accepted_drafts for r in rollouts)
+                counts[name].append(round((verifications + accepted) / verifications, 3) if verifications else 0.0)
+                typer.echo(f"  round {round_ + 1} {name:>16}: {makespans[name][-1]:6.2f} s, "
+                           f"{sum(r.length for r in rollouts)} tokens, {counts[name][-1]:.2f} tokens per speculative step")  # fmt: skip
+    results = []
+    for name, flags in RL_MODES.items():
+        mean = sum(makespans[name]) / len(makespans[name])
+        results.append({"mode": name, "flags": flags, "makespans_s": makespans[name], "makespan_s": round(mean, 3),
+                        "tokens_per_speculative_step": counts[name]})  # fmt: skip
+    for r in results:
+        r["speedup_vs_no_sd"] = round(results[0]["makespan_s"] / r["makespan_s"], 3)
+    typer.echo("  speedup vs no SD: " + ", ".join(f"{r['mode']} x{r['speedup_vs_no_sd']:.2f}" for r in results))
+    return {"prompts": prompts, "samples_per_prompt": samples, "max_new_tokens": max_new_tokens, "modes": results}
 
 
 def _plot(scenarios: list[dict], out: Path) -> None:
@@ -191,6 +253,19 @@ def _plot_scenario(bars, timeline, scenario: dict) -> None:
     timeline.set_yscale("log")
     lines = timeline.get_legend_handles_labels()[0] + steps.get_legend_handles_labels()[0]
     timeline.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper right")
+
+
+def _plot_rl(scenario: dict, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    results = scenario["modes"]
+    ax.bar([r["mode"] for r in results], [r["makespan_s"] for r in results], color=["tab:gray", "tab:orange", "tab:blue", "tab:green"])
+    for x, r in enumerate(results):
+        ax.annotate(f"x{r['speedup_vs_no_sd']:.2f}", (x, r["makespan_s"]), ha="center", va="bottom", fontsize=9)
+    ax.set_ylabel("rollout makespan (s), mean of rounds")
+    ax.set_title(f"RL-shaped rollout: {scenario['prompts']} prompts x {scenario['samples_per_prompt']} samples, T=1", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
