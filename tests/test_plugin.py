@@ -47,6 +47,13 @@ def test_cpu_environment_adds_the_stand_in_once_and_only_without_a_real_sgl_kern
     assert cpu.cpu_environment({"PYTHONPATH": "/x"})["PYTHONPATH"] == "/x"
 
 
+def test_cpu_environment_keeps_step_temporaries_in_the_heap_unless_the_caller_chose() -> None:
+    env = cpu.cpu_environment({})
+    assert int(env["MALLOC_MMAP_THRESHOLD_"]) == 32 * 1024 * 1024
+    assert int(env["MALLOC_TRIM_THRESHOLD_"]) >= int(env["MALLOC_MMAP_THRESHOLD_"])
+    assert cpu.cpu_environment({"MALLOC_MMAP_THRESHOLD_": "4096"})["MALLOC_MMAP_THRESHOLD_"] == "4096"
+
+
 def test_no_real_sgl_kernel_here_and_the_stand_in_is_not_mistaken_for_one() -> None:
     sys.path.append(str(cpu.SHIM_DIR))
     try:

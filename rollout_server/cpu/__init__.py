@@ -16,6 +16,11 @@ CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 # compiling C++ on the first speculative request (and needs a compiler at all) to save microseconds.
 DYNAMO_DISABLE_ENV = "TORCHDYNAMO_DISABLE"
 SHIM_DIR = Path(__file__).with_name("kernels")
+# glibc returns every freed block above its mmap threshold to the kernel, so the step's large
+# temporaries (gathered KV, attention scores) come back as fresh pages the kernel must zero at each
+# forward. Keeping them in the heap made the CPU attention ops 4-5x faster at batch 64 (measured).
+# 32 MiB is the most glibc accepts for the threshold; the trim threshold stops it shrinking the heap.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 1024 * 1024), "MALLOC_TRIM_THRESHOLD_": str(1024 * 1024 * 1024)}
 
 
 def cpu_engine_requested(environ: os._Environ[str] | dict[str, str] = os.environ) -> bool:
@@ -30,12 +35,15 @@ def real_sgl_kernel_installed() -> bool:
 
 
 def cpu_environment(environ: dict[str, str]) -> dict[str, str]:
-    """The environment for SGLang's CPU engine: the engine switch, torch.compile off (unless the
-    caller set it), and our `sgl_kernel` stand-in on PYTHONPATH (inherited by SGLang's spawned
-    scheduler processes) unless a real one is installed."""
+    """The environment for SGLang's CPU engine: the engine switch, torch.compile off and glibc's
+    malloc thresholds (unless the caller set them), and our `sgl_kernel` stand-in on PYTHONPATH
+    unless a real one is installed. SGLang's spawned scheduler processes inherit it; glibc reads
+    its variables only when a process starts, so they take effect there, not in the caller."""
     env = dict(environ)
     env[CPU_ENGINE_ENV] = "1"
     env.setdefault(DYNAMO_DISABLE_ENV, "1")
+    for name, value in MALLOC_ENV.items():
+        env.setdefault(name, value)
     if not real_sgl_kernel_installed():
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if str(SHIM_DIR) not in paths:
