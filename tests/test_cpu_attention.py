@@ -110,6 +110,21 @@ def test_extend_attention_is_causal_over_prefix_and_new_tokens(seed: int, extend
     torch.testing.assert_close(_run_extend(case, with_new_kv=False, cap=cap), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("cap", [0.0, 20.0])
+def test_one_new_token_per_sequence_sees_its_prefix_and_itself(cap: float) -> None:
+    """The one-token path (verify at 0 draft steps, drafter extend) against the reference, with a
+    1-node tree mask too; a sequence with an empty prefix attends to itself only."""
+    case = _extend_case(torch.Generator().manual_seed(6), 5, [1] * 5)
+    k_cache, v_cache, req_to_token, pools, prefix, _, _, _, k, v = case
+    prefix[0] = 0  # the first sequence's new token is its first
+    slot = req_to_token[pools[0], 0].long()
+    k_cache[slot], v_cache[slot] = k[0], v[0]
+    expected = _expected_extend(case, [torch.ones(1, 1, dtype=torch.bool)] * 5, cap)
+    torch.testing.assert_close(_run_extend(case, cap=cap), expected, rtol=1e-5, atol=1e-5)
+    one_node_trees = torch.ones(5, dtype=torch.bool)
+    torch.testing.assert_close(_run_extend(case, tree_mask=one_node_trees, cap=cap), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_extend_attention_without_causality_sees_all_new_tokens() -> None:
     case = _extend_case(torch.Generator().manual_seed(4), 3, [4, 2, 5])
     full = [torch.ones(n, n, dtype=torch.bool) for n in (4, 2, 5)]

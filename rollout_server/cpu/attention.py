@@ -191,13 +191,48 @@ def extend_attention_cpu(
     extend_lens = extend_seq_lens.long()
     prefix_lens = seq_lens.long() - extend_lens
     starts = extend_start_loc.long()
-    chunks = _extend_chunks(prefix_lens.tolist(), extend_lens.tolist(), q_extend.shape[1])
+    extend_list = extend_lens.tolist()
+    if k_extend is not None and v_extend is not None and extend_list and set(extend_list) == {1}:
+        # One new token per sequence (a verify at 0 draft steps, a drafter extend after one token):
+        # it sees its prefix and itself whatever the mask, so decode's few ops suffice. The general
+        # path's masks cost 2 ms per layer at batch 1 in Python overhead alone (profiled).
+        _extend_one_token(
+            q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token,
+            req_pool_indices, prefix_lens, starts, sm_scale, logit_cap,
+        )  # fmt: skip
+        return
+    chunks = _extend_chunks(prefix_lens.tolist(), extend_list, q_extend.shape[1])
     for lo, hi in chunks:
         _extend_chunk(
             q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer, req_to_token,
             req_pool_indices[lo:hi], prefix_lens[lo:hi], extend_lens[lo:hi], starts[lo:hi],
             lo, sm_scale, logit_cap, tree_mask, is_causal,
         )  # fmt: skip
+
+
+def _extend_one_token(
+    q_extend: torch.Tensor,
+    k_extend: torch.Tensor,
+    v_extend: torch.Tensor,
+    o_extend: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    starts: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float,
+) -> None:
+    """`extend_attention_cpu` when every sequence extends by exactly one token."""
+    slots, valid = _prefix_slots(req_to_token, req_pool_indices, prefix_lens + 1)
+    seqs = torch.arange(len(prefix_lens))
+    slots[seqs, prefix_lens] = 0  # the new token's column is filled from k_extend below
+    keys, values = _gather_rows(k_buffer, slots), _gather_rows(v_buffer, slots)
+    keys[seqs, prefix_lens] = k_extend[starts].to(keys.dtype)
+    values[seqs, prefix_lens] = v_extend[starts].to(values.dtype)
+    out = _attend(q_extend[starts].unsqueeze(1), keys, values, valid.unsqueeze(1), sm_scale, logit_cap)
+    o_extend[starts] = out.squeeze(1).to(o_extend.dtype)
 
 
 def _extend_chunk(
