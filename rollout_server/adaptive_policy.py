@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollout_server.cpu import cpu_engine_requested
+from rollout_server.draft_catch_up import MissedDraftInputs
 from rollout_server.history_source import ServerHistory
 from tlt.speculation.bandit import BanditConfig, SpecArm, SpeculationBandit
 from tlt.speculation.history import HistoryConfig
@@ -97,6 +98,7 @@ class _Step:
     arm: SpecArm
     started: float
     ended: float | None = None
+    excluded: float = 0.0  # seconds of the step that belong to earlier steps (a drafter catch-up)
 
 
 class BanditSpecPolicy:
@@ -131,6 +133,8 @@ class BanditSpecPolicy:
         self._steps = sorted({arm.draft_steps for arm in config.arms})
         # The token history of the served requests, where an arm drafts from it.
         self.history = ServerHistory(history) if any(arm.source == "history" for arm in config.arms) else None
+        # What the drafter missed at 0 draft steps (None: it runs at every step, SGLang's way).
+        self.missed = MissedDraftInputs(config.catch_up_tokens) if config.catch_up_tokens else None
         self._cuda_graph_bs: list[int] | None = None
         self.synchronous_launch = cpu_engine_requested() if synchronous_launch is None else synchronous_launch
         # Steps launched and not yet reported, oldest first.
@@ -217,8 +221,17 @@ class BanditSpecPolicy:
             self._reported = (step, tokens)
         return None
 
+    def exclude_from_step(self, seconds: float) -> None:
+        """Leave `seconds` of the step being launched out of its arm's reward: the drafter's catch-up
+        is the deferred cost of the steps that ran without it, and charged to the one step that
+        resumes drafting it would make a single noisy sample decide against speculation. Only the
+        synchronous engine's host time is its compute time, so only there is anything left out."""
+        if self.synchronous_launch and self._pending and self._pending[-1].ended is None:
+            self._pending[-1].excluded += seconds
+
     def _credit(self, step: _Step, tokens: int, seconds: float) -> None:
         """Give the bandit a step's measurement, unless its duration says the server sat idle."""
+        seconds -= step.excluded
         if 0 < seconds <= MAX_STEP_SECONDS:
             self.bandit.update(step.batch, step.arm, tokens, seconds)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 
 import msgspec
 import torch
@@ -21,6 +22,7 @@ import torch
 from rollout_server import adaptive_policy, cpu
 from rollout_server.adaptive_policy import BanditSpecPolicy
 from rollout_server.cpu import attention, ops, sampling
+from rollout_server.draft_catch_up import catch_up, stub_draft_extend
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV, swapper_for
 from rollout_server.history_source import chain_outputs
 from rollout_server.request_checks import check_prompt_ids
@@ -149,9 +151,51 @@ def _keep_history(streamer, reqs, *args, **kwargs) -> None:
 _history_chain: list = []
 
 
+def _missed_inputs(worker, batch):
+    """The policy's record of drafter inputs missed at 0 draft steps, where it applies to this batch."""
+    policy = adaptive_policy.active_policy()
+    if policy is None or policy.missed is None or batch.forward_mode.is_idle():
+        return None
+    from sglang.srt.runtime_context import get_spec
+
+    # Sampled drafts (rejection sampling) need the drafter's distribution, which the catch-up
+    # does not rebuild; SGLang's own extend runs then.
+    return None if get_spec().speculative_use_rejection_sampling else policy.missed
+
+
+def _skip_drafter_when_off(original_fn, worker, batch, batch_result, *args, **kwargs):
+    """AROUND-hook on EagleDraftWorker._draft_extend_for_decode: at 0 draft steps the drafter's
+    inputs are kept for a catch-up instead of running it (`draft_catch_up`)."""
+    missed = _missed_inputs(worker, batch)
+    hidden = batch_result.logits_output.hidden_states
+    size = len(batch.reqs)
+    if missed is None or worker.speculative_num_steps != 0 or hidden is None or hidden.shape[0] != size:
+        return original_fn(worker, batch, batch_result, *args, **kwargs)
+    positions = (batch_result.new_seq_lens - 1).tolist()
+    missed.keep([req.rid for req in batch.reqs], positions, hidden, batch_result.next_token_ids[:size].tolist())
+    stub_draft_extend(worker, batch, batch_result.next_draft_input)
+    return None
+
+
+def _forget_missed_on_prefill(worker, batch, *args, **kwargs) -> None:
+    """BEFORE-hook on EagleDraftWorker._draft_extend_for_prefill, which extends the drafter over a
+    prefilled request's whole sequence: nothing is left to catch up on."""
+    policy = adaptive_policy.active_policy()
+    if policy is not None and policy.missed is not None and not batch.forward_mode.is_idle():
+        policy.missed.forget([req.rid for req in batch.reqs])
+
+
 def _draft_from_history(original_fn, worker, batch, *args, **kwargs):
-    """AROUND-hook on EagleDraftWorker.draft: for a history arm, the chain comes from the token
-    history (computed here, where the batch's requests are known) instead of the drafter."""
+    """AROUND-hook on EagleDraftWorker.draft. First the drafter catches up on the positions it
+    missed at 0 draft steps; then, for a history arm, the chain comes from the token history
+    (computed here, where the batch's requests are known) instead of the drafter."""
+    missed = _missed_inputs(worker, batch)
+    if missed is not None and len(missed):
+        taken = missed.take([req.rid for req in batch.reqs], batch.seq_lens.tolist())
+        if taken:
+            started = time.perf_counter()
+            catch_up(worker, batch, taken)
+            adaptive_policy.active_policy().exclude_from_step(time.perf_counter() - started)
     policy = adaptive_policy.active_policy()
     arm = policy.launching_arm if policy is not None else None
     if arm is None or arm.source != "history" or policy.history is None or batch.forward_mode.is_idle():
@@ -281,6 +325,8 @@ def register() -> None:
     HookRegistry.register(_RESOLVE_SPEC_TOKENS, _count_speculative_steps_only, HookType.AROUND)
     HookRegistry.register(f"{_DRAFT_WORKER}.draft", _draft_from_history, HookType.AROUND)
     HookRegistry.register(f"{_DRAFT_WORKER}.draft_forward", _history_draft_forward, HookType.AROUND)
+    HookRegistry.register(f"{_DRAFT_WORKER}._draft_extend_for_decode", _skip_drafter_when_off, HookType.AROUND)
+    HookRegistry.register(f"{_DRAFT_WORKER}._draft_extend_for_prefill", _forget_missed_on_prefill, HookType.BEFORE)
     HookRegistry.register(_STREAM_OUTPUT, _keep_history, HookType.BEFORE)
     if os.environ.get(DRAFTER_JOB_ENV):
         HookRegistry.register(_RUN_BATCH, _swap_drafter_between_batches, HookType.BEFORE)

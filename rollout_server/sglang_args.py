@@ -16,7 +16,10 @@ def bandit_config(settings: RolloutServerSettings) -> BanditConfig:
     default; 0 = off) and one history arm per `history_arms` length."""
     lengths = settings.speculative_arms if settings.speculative_arms is not None else range(settings.draft_steps + 1)
     eagle = [SpecArm(draft_steps=steps) for steps in lengths]
-    return BanditConfig(arms=eagle + [SpecArm(draft_steps=steps, source="history") for steps in settings.history_arms])
+    history = [SpecArm(draft_steps=steps, source="history") for steps in settings.history_arms]
+    return BanditConfig(
+        arms=eagle + history, max_speculative_batch=settings.max_speculative_batch, catch_up_tokens=settings.catch_up_tokens
+    )
 
 
 def sglang_argv(settings: RolloutServerSettings, adaptive_config_path: Path | None = None) -> list[str]:

@@ -121,6 +121,22 @@ def test_on_the_cpu_a_step_lasts_from_its_launch_to_the_next(tmp_path: Path, clo
     assert len(credited) == 2  # the idle gap does not count as the slow step's duration
 
 
+def test_a_drafter_catch_up_is_left_out_of_the_step_that_resumes_drafting(tmp_path: Path, clock: list[float]) -> None:
+    policy = _policy(tmp_path, synchronous=True)
+    credited = []
+    policy.bandit.update = lambda batch, arm, tokens, seconds: credited.append((arm.draft_steps, round(seconds, 6)))
+    policy.get_steps_for_batch(1)
+    policy.exclude_from_step(0.5)  # the drafter catches up on what it missed, inside this step's draft
+    clock[0] += 0.53
+    policy.on_verify_complete([1], batch_size=1)
+    policy.get_steps_for_batch(1)
+    assert credited == [(0, 0.03)]
+    overlapped = _policy(tmp_path, synchronous=False)  # there host time is not the step's cost
+    overlapped.get_steps_for_batch(1)
+    overlapped.exclude_from_step(0.5)
+    assert overlapped._pending[-1].excluded == 0.0
+
+
 def test_idle_gaps_are_not_credited_and_unmatched_steps_are_dropped(tmp_path: Path, clock: list[float]) -> None:
     policy = _policy(tmp_path)
     credited = []

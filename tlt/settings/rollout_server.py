@@ -75,6 +75,16 @@ class RolloutServerSettings(DeviceSettings):
         "request's prompt group (its own text and prompt, its siblings, earlier epochs, recent responses) instead "
         "of the EAGLE drafter: no draft forward pass. Empty: EAGLE arms only",
     )
+    max_speculative_batch: int = Field(
+        64, ge=1, le=4096, description="adaptive only: above this running batch size every step runs without drafts"
+    )
+    catch_up_tokens: int = Field(
+        256,
+        ge=0,
+        le=65536,
+        description="adaptive only: steps without drafts skip the drafter, which catches up on up to this many of "
+        "each request's latest positions when drafting resumes; 0 runs the drafter at every step (SGLang's way)",
+    )
     draft_topk: int = Field(1, ge=1, le=8, description="draft tree branching (always only; adaptive uses chains)")
     draft_tokens: int | None = Field(
         None, ge=2, le=64, description="tokens verified per step; default draft-steps + 1 (the whole chain)"

@@ -62,6 +62,14 @@ class BanditConfig(BaseModel):
         "every step is plain decoding. Each speculative arm captures draft, draft-extend and verify graphs at "
         "each batch size it may see: without a cap, start-up takes minutes (or runs out of memory on a big model)",
     )
+    catch_up_tokens: int = Field(
+        256,
+        ge=0,
+        le=65536,
+        description="at 0 draft steps the drafter does not run; it catches up on up to this many of each request's "
+        "latest positions when drafting resumes (older ones stay stale: lossless, lower acceptance). 0: the drafter "
+        "runs at every step instead, as SGLang's adaptive worker does",
+    )
     exploration: float = Field(0.1, ge=0, description="UCB exploration weight")
     discount: float = Field(0.995, gt=0, le=1, description="per-update decay of a bucket's statistics")
 
