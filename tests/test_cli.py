@@ -66,9 +66,10 @@ def test_run_refuses_a_bad_job_file_naming_the_field(tmp_path: Path, text: str, 
 @pytest.mark.slow
 def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> None:
     """The README's main command, shortened to two steps on one server; policy versions go through
-    Redis and the policy followers (one run covers both: each costs a minute)."""
+    Redis and the policy followers, and the trainer shards the policy over two ranks (one run covers
+    all three: each costs a minute)."""
     result = subprocess.run(
-        [*TLT, "run", "--steps", "2", "--servers", "1", "--policy-channel", "redis", "--runs-dir", str(tmp_path)],
+        [*TLT, "run", "--steps", "2", "--servers", "1", "--policy-channel", "redis", "--trainer-ranks", "2", "--runs-dir", str(tmp_path)],
         capture_output=True, text=True, check=False, timeout=900,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -89,6 +90,8 @@ def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> No
     follower_log = (run_dir / "logs" / "follower-0.log").read_text()
     assert "serving policy v0" in follower_log and "serving policy v1" in follower_log
     assert not (run_dir / "policy").exists()  # nothing went through the disk channel
+    assert "rank 1: holding its shard" in (run_dir / "logs" / "trainer.log").read_text()
+    assert len(list((run_dir / "checkpoints" / "step-2" / "trainer_state_dcp").glob("*.distcp"))) == 2  # one per rank
 
 
 @pytest.mark.slow

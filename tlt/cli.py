@@ -255,8 +255,11 @@ def run(
     redis_url: Annotated[str | None, typer.Option(envvar="TLT_REDIS_URL", help="external Redis; default: an embedded one")] = None,
     runs_dir: Annotated[Path, typer.Option(help="runs/<job>/ gets metrics, checkpoints, logs and the report")] = Path("runs"),
     trainer_threads: Annotated[int, typer.Option(min=1, max=256, help="torch threads of the policy update")] = 1,
+    trainer_ranks: Annotated[
+        int, typer.Option(min=1, max=64, help="trainer processes the policy is sharded over (FSDP2; torchrun)")
+    ] = 1,
     policy_channel: Annotated[
-        PolicyChannel, typer.Option(help="policy versions to the servers through a directory (disk) or Redis")
+        PolicyChannel, typer.Option(help="policy versions to the servers through a directory (disk), Redis, or a torch.distributed broadcast")
     ] = "disk",
 ) -> None:
     """Run an RL job on this machine: Redis, the drafter service, rollout servers with spot workers
@@ -279,6 +282,7 @@ def run(
         redis_url=redis_url,
         redis_password=os.environ.get("TLT_REDIS_PASSWORD"),
         trainer_threads=trainer_threads,
+        trainer_ranks=trainer_ranks,
         policy_channel=policy_channel,
     )
     with _progress() as progress:

@@ -5,40 +5,28 @@ version to the rollout servers. One `step()` is one RL step; its metrics say whe
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tlt.jobs.records import StepMetrics
 from tlt.jobs.spec import JobSpec
-from tlt.rollout.client import Completion, SamplingParams
+from tlt.rollout.client import SamplingParams
 from tlt.rollout.pool import RolloutPool, RolloutRequest
 from tlt.tasks import GcdProblem, MathProblem, task_of
-from trainer.checkpoints import CheckpointState, read_state, restore_training_state, save_checkpoint
-from trainer.grpo import (
-    ScoredGroup,
-    group_advantages,
-    grpo_loss,
-    informative_groups,
-    shaped_rewards,
-    token_logprobs,
-)
+from trainer.checkpoints import CheckpointState, save_checkpoint
+from trainer.distributed import Command, TrainerGroup, broadcast_samples, full_state_dict
+from trainer.grpo import ScoredGroup, group_advantages, informative_groups, shaped_rewards
+from trainer.policy_update import Sample, trainable
+from trainer.training_state import ShardingOptions, training_state
 from trainer.version_barrier import VersionBarrier
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Sample:
-    prompt_ids: list[int]
-    completion: Completion
-    advantage: float
-    counted: bool  # in the loss (not masked by the overlong filter)
 
 
 def sample_seed(job_seed: int, key: str) -> int:
@@ -49,7 +37,9 @@ def sample_seed(job_seed: int, key: str) -> int:
 
 
 class GrpoTrainer:
-    """Owns the policy and its optimiser; `step(n)` runs RL step n."""
+    """Owns the policy and its optimiser (rank 0's shard of them, when `group` has more ranks:
+    every collective it starts is announced to the others, see `trainer.follower`); `step(n)` runs
+    RL step n. `close()` when the job ends."""
 
     def __init__(
         self,
@@ -59,36 +49,42 @@ class GrpoTrainer:
         servers: Callable[[], Sequence[str]],
         resume_from: Path | None = None,
         device: str = "cpu",
+        group: TrainerGroup | None = None,
+        sharding: ShardingOptions | None = None,
     ) -> None:
         """A fresh policy from `spec.model_path`, or the policy, optimizer and RNG of a checkpoint,
         trained on `device` (float32 master weights; bf16 autocast on CUDA)."""
-        self.spec, self.pool, self.barrier, self.servers = spec, pool, barrier, servers
-        self.device = torch.device(device)
-        torch.manual_seed(spec.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
-        self.policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32).to(self.device)
-        self.policy.train()
-        self.reference = None
-        if spec.grpo.kl_coef > 0:
-            self.reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).to(self.device).eval()
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=spec.lr, weight_decay=0.0)
-        self.version = 0
+        self.spec, self.pool, self.barrier, self.servers, self.group = spec, pool, barrier, servers, group
+        if group is not None:
+            job = {"spec": spec.model_dump(mode="json"), "resume_from": str(resume_from) if resume_from else None}
+            group.command(Command.START_JOB, json.dumps(job).encode())
+        state = training_state(spec, resume_from, torch.device(device), group, sharding)
+        self.device, self.tokenizer, self.policy, self.optimizer = state.update.device, state.tokenizer, state.policy, state.optimizer
+        self.update, self.version = state.update, state.version
         self.task = task_of(spec.task, spec.dataset_path)
-        if resume_from is not None:
-            self.version = read_state(resume_from).policy_version
-            restore_training_state(resume_from, self.optimizer)
+
+    def close(self) -> None:
+        """Release the other ranks' shards of this job."""
+        if self.group is not None:
+            self.group.command(Command.END_JOB)
 
     def checkpoint(self, root: Path, next_step: int, drafter_version: int = 0) -> Path:
         """Save what a resumed job needs to continue at `next_step`."""
         state = CheckpointState(next_step=next_step, policy_version=self.version, drafter_version=drafter_version)
-        return save_checkpoint(root, state, self.policy, self.tokenizer, self.optimizer)
+        if self.group is not None:
+            self.group.command(Command.SAVE, json.dumps({"root": str(root), "state": asdict(state)}).encode())
+        return save_checkpoint(root, state, self.policy, self.tokenizer, self.optimizer, sharded=self.group is not None)
 
     def publish(self) -> float:
         """Make the current weights policy version `self.version` on every server (servers that
         cannot load it now are admitted once they do); returns the seconds it took. Call it once
         before the first step (servers may hold anything: another job's policy)."""
         started = time.monotonic()
-        location = self.barrier.publisher.write(self.policy, self.tokenizer, self.version)
+        weights = None
+        if self.group is not None:
+            self.group.command(Command.GATHER)
+            weights = full_state_dict(self.policy)
+        location = self.barrier.publisher.write(self.policy, self.tokenizer, self.version, weights)
         failed = self.barrier.publish(self.servers(), location, self.version)
         if failed:
             logger.warning("policy v%d not loaded by %s yet: they get no work until they load it", self.version, failed)
@@ -161,7 +157,7 @@ class GrpoTrainer:
             samples_by_server=dict(stats.by_server),
         )
 
-    def _score(self, problems, batch, completions) -> tuple[list[_Sample], list[float], int]:
+    def _score(self, problems, batch, completions) -> tuple[list[Sample], list[float], int]:
         """Samples with their advantages (groups without signal dropped when configured), the raw
         rewards, and how many groups have any signal."""
         spec, G = self.spec, self.spec.samples_per_prompt
@@ -188,67 +184,16 @@ class GrpoTrainer:
             for g in range(G):
                 request = batch[i * G + g]
                 counted = not (spec.grpo.overlong == "filter" and truncated_all[i][g])
-                samples.append(_Sample(list(request.prompt_ids), completions[request.key], float(advantages[i, g]), counted))
+                completion = completions[request.key]
+                samples.append(
+                    Sample(list(request.prompt_ids), completion.output_ids, completion.logprobs or [], float(advantages[i, g]), counted)
+                )
         return samples, raw, int(informative.sum())
 
-    def _update(self, samples: list[_Sample]) -> dict[str, float]:
-        """`updates_per_step` optimizer steps over mini-batches of the samples, token-level loss."""
-        counted = [s for s in samples if s.counted and s.completion.output_ids and s.completion.logprobs]
-        if not counted:
-            return {"loss": 0.0, "clip_fraction": 0.0}
-        order = torch.randperm(len(counted), generator=torch.Generator().manual_seed(self.spec.seed * 7919 + self.version)).tolist()
-        minibatches = [
-            [counted[j] for j in order[k :: self.spec.updates_per_step]] for k in range(self.spec.updates_per_step)
-        ]
-        totals = {"loss": 0.0, "clip_fraction": 0.0}
-        for minibatch in minibatches:
-            tokens_total = sum(len(s.completion.output_ids) for s in minibatch)
-            self.optimizer.zero_grad(set_to_none=True)
-            for chunk in self._micro_batches(minibatch):
-                loss, metrics = self._loss(chunk)
-                weight = sum(len(s.completion.output_ids) for s in chunk) / tokens_total
-                (loss * weight).backward()
-                for key in totals:
-                    totals[key] += metrics[key] * weight / len(minibatches)
-            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), 1.0)
-            self.optimizer.step()
-        return totals
-
-    def _micro_batches(self, samples: list[_Sample]) -> list[list[_Sample]]:
-        chunks, current, width = [], [], 0
-        for sample in sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion.output_ids)):
-            length = len(sample.prompt_ids) + len(sample.completion.output_ids)
-            if current and max(width, length) * (len(current) + 1) > self.spec.tokens_per_micro_batch:
-                chunks.append(current)
-                current, width = [], 0
-            current.append(sample)
-            width = max(width, length)
-        return [*chunks, current] if current else chunks
-
-    def _loss(self, chunk: list[_Sample]) -> tuple[torch.Tensor, dict[str, float]]:
-        width = max(len(s.prompt_ids) + len(s.completion.output_ids) for s in chunk)
-        pad = self.tokenizer.pad_token_id or 0
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        attention = torch.zeros((len(chunk), width), dtype=torch.long)
-        mask = torch.zeros((len(chunk), width - 1))
-        old = torch.zeros((len(chunk), width - 1))
-        advantages = torch.tensor([s.advantage for s in chunk])
-        for row, s in enumerate(chunk):
-            sequence = s.prompt_ids + s.completion.output_ids
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-            attention[row, : len(sequence)] = 1
-            start = len(s.prompt_ids) - 1  # position predicting the first response token
-            mask[row, start : start + len(s.completion.output_ids)] = 1
-            old[row, start : start + len(s.completion.output_ids)] = torch.tensor(s.completion.logprobs)
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        mask, old, advantages = mask.to(self.device), old.to(self.device), advantages.to(self.device)
-        # The servers sampled from softmax(logits / T) and returned those log-probabilities: the
-        # importance ratio must compare the same distribution (jobs sample with top-p 1, top-k off).
-        temperature = self.spec.temperature
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
-            logprobs = token_logprobs(self.policy(input_ids=ids, attention_mask=attention).logits, ids, temperature)
-            ref = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref = token_logprobs(self.reference(input_ids=ids, attention_mask=attention).logits, ids, temperature)
-        return grpo_loss(logprobs, old, advantages, mask, self.spec.grpo, ref)
+    def _update(self, samples: list[Sample]) -> dict[str, float]:
+        """The policy update on this step's samples, on every rank of the group."""
+        samples = trainable(samples)
+        if self.group is not None:
+            self.group.command(Command.UPDATE)
+            broadcast_samples(samples, self.version)
+        return self.update(samples, self.version)

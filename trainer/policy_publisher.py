@@ -1,13 +1,15 @@
-"""Publishing a policy version to the rollout servers, over one of two channels:
+"""Publishing a policy version to the rollout servers, over one of three channels:
 
 - disk (large policies): the trainer writes an HF checkpoint into a directory the servers can read
   (one machine; a shared volume on a cluster) and has each server load it with SGLang's
   `/update_weights_from_disk`;
 - Redis (small policies, no shared volume): the trainer publishes the checkpoint's safetensors to
   the job's `policy` weight channel; each server's policy follower verifies it, writes it locally
-  and loads it the same way.
+  and loads it the same way;
+- distributed (`trainer.weight_broadcast`): the trainer and the servers join one torch.distributed
+  group and the version is broadcast to all of them (NCCL on GPUs, gloo on the CPU).
 
-Either way a version is tagged on the server (SGLang's `weight_version`, returned with every
+Every way a version is tagged on the server (SGLang's `weight_version`, returned with every
 generation), so the trainer can check that a step's samples all come from one version."""
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import requests
 import torch
@@ -29,6 +32,16 @@ from tlt.store.weight_channel import POLICY_VERSION_KEY, WeightChannel
 
 class PublishFailed(RuntimeError):
     """A server refused or failed to load a policy version."""
+
+
+class PolicyPublisher(Protocol):
+    """A policy channel: `write` makes a version available, `load_into` has servers serve it."""
+
+    def write(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int, weights: dict[str, torch.Tensor] | None = None
+    ) -> str: ...
+
+    def load_into(self, servers: Sequence[str], location: str, version: int) -> None: ...
 
 
 def served_version(url: str) -> str | None:
@@ -44,13 +57,16 @@ class DiskPolicyPublisher:
         self.root, self.keep, self.timeout_s, self.dtype = root, keep, timeout_s, dtype
         root.mkdir(parents=True, exist_ok=True)
 
-    def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> str:
-        """Save the checkpoint of `version` (safetensors); drop versions before the newest `keep`
-        and any later ones (a previous run's). Returns its directory."""
+    def write(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int, weights: dict[str, torch.Tensor] | None = None
+    ) -> str:
+        """Save the checkpoint of `version` (safetensors; `weights`: the full weights of a sharded
+        model); drop versions before the newest `keep` and any later ones (a previous run's).
+        Returns its directory."""
         path = self.root / f"policy-v{version}"
         staging = self.root / f".policy-v{version}.partial"
         shutil.rmtree(staging, ignore_errors=True)
-        save_in_dtype(model, staging, self.dtype)
+        save_in_dtype(model, staging, self.dtype, weights)
         tokenizer.save_pretrained(staging)
         shutil.rmtree(path, ignore_errors=True)
         staging.rename(path)  # a server never reads a half-written directory
@@ -81,11 +97,13 @@ class RedisPolicyPublisher:
     def __init__(self, channel: WeightChannel, timeout_s: float = 120.0, dtype: torch.dtype = torch.float32) -> None:
         self.channel, self.timeout_s, self.dtype = channel, timeout_s, dtype
 
-    def write(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int) -> str:
-        """Publish the weights of `version` (one safetensors file, as `save_pretrained` writes it);
-        returns the channel version that carries it."""
+    def write(
+        self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, version: int, weights: dict[str, torch.Tensor] | None = None
+    ) -> str:
+        """Publish the weights of `version` (one safetensors file, as `save_pretrained` writes it;
+        `weights`: the full weights of a sharded model); returns the channel version that carries it."""
         with tempfile.TemporaryDirectory() as tmp:
-            save_in_dtype(model, Path(tmp), self.dtype, max_shard_size="1000GB")
+            save_in_dtype(model, Path(tmp), self.dtype, weights, max_shard_size="1000GB")
             files = list(Path(tmp).glob("*.safetensors"))
             if len(files) != 1:
                 raise PublishFailed(f"expected one safetensors file, save_pretrained wrote {len(files)}")

@@ -21,19 +21,26 @@ from tlt.rpc.errors import Cancelled
 from tlt.settings.trainer import TrainerSettings
 from tlt.store.weight_channel import WeightChannel
 from trainer.checkpoints import latest_checkpoint, read_state
+from trainer.distributed import TrainerGroup
 from trainer.drafter_link import DrafterLink
 from trainer.job_store import JobStore
 from trainer.loop import GrpoTrainer
-from trainer.policy_publisher import DiskPolicyPublisher, RedisPolicyPublisher
+from trainer.policy_publisher import DiskPolicyPublisher, PolicyPublisher, RedisPolicyPublisher
+from trainer.training_state import ShardingOptions
 from trainer.version_barrier import VersionBarrier
+from trainer.weight_broadcast import BroadcastPolicyPublisher
 
 logger = logging.getLogger(__name__)
 LOCK_KEY = "tlt:trainer:lock"
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, settings: TrainerSettings, discover: Callable[[], Sequence[str]]) -> None:
-        self.store, self.settings, self.discover = store, settings, discover
+    def __init__(
+        self, store: JobStore, settings: TrainerSettings, discover: Callable[[], Sequence[str]], group: TrainerGroup | None = None
+    ) -> None:
+        """`group`: the trainer's ranks when it runs under torchrun (this is rank 0)."""
+        self.store, self.settings, self.discover, self.group = store, settings, discover, group
+        self.sharding = ShardingOptions(settings.mixed_precision, settings.activation_checkpointing)
         self.drafter = None
         if settings.drafter_service:
             self.drafter = DrafterLink(settings.drafter_service, settings.drafter_auth_token, tls_ca_file=settings.drafter_tls_ca_file)
@@ -136,9 +143,11 @@ class JobRunner:
         pool = RolloutPool(self.discover, rid_prefix=f"{job}:{record.resumed}:", admit=barrier.admit)
         with self._lock:
             self._current = (job, pool)
+        trainer = None
         try:
             self.store.transition(record, JobState.RUNNING, f"resuming from {checkpoint.name}" if checkpoint else "started")
-            trainer = GrpoTrainer(spec, pool, barrier, self.discover, resume_from=checkpoint, device=self.settings.resolved_device())
+            device = self.settings.resolved_device()
+            trainer = GrpoTrainer(spec, pool, barrier, self.discover, checkpoint, device, self.group, self.sharding)
             self._train(record, trainer, root, checkpoint)
             self.store.transition(record, JobState.SUCCEEDED, f"{spec.steps} steps done")
         except Cancelled:
@@ -152,11 +161,18 @@ class JobRunner:
             logger.exception("job %s failed", job)
             self.store.transition(record, JobState.FAILED, f"{type(err).__name__}: {err}"[:2000])
         finally:
+            if trainer is not None:
+                trainer.close()
+            if isinstance(barrier.publisher, BroadcastPolicyPublisher):
+                barrier.publisher.close()
             with self._lock:
                 self._current = None
 
-    def _publisher(self, job: str, root: Path) -> DiskPolicyPublisher | RedisPolicyPublisher:
+    def _publisher(self, job: str, root: Path) -> PolicyPublisher:
         dtype = getattr(torch, self.settings.resolved_dtype())
+        if self.settings.policy_channel == "distributed":
+            backend = "nccl" if self.settings.resolved_device().startswith("cuda") else "gloo"
+            return BroadcastPolicyPublisher(self.settings.broadcast_address, backend, dtype)
         if self.settings.policy_channel == "redis":
             return RedisPolicyPublisher(WeightChannel(self.store.client, job, "policy"), dtype=dtype)
         return DiskPolicyPublisher(self.settings.policy_dir / job if self.settings.policy_dir else root / "policy", dtype=dtype)

@@ -11,13 +11,13 @@ from collections.abc import Sequence
 
 import requests
 
-from trainer.policy_publisher import DiskPolicyPublisher, PublishFailed, RedisPolicyPublisher, served_version
+from trainer.policy_publisher import PolicyPublisher, PublishFailed, served_version
 
 logger = logging.getLogger(__name__)
 
 
 class VersionBarrier:
-    def __init__(self, publisher: DiskPolicyPublisher | RedisPolicyPublisher) -> None:
+    def __init__(self, publisher: PolicyPublisher) -> None:
         self.publisher = publisher
         self.version: int | None = None
         self._location = ""
@@ -30,11 +30,13 @@ class VersionBarrier:
         with self._lock:
             self.version, self._location = version, location
             self._admitted.clear()
-        failed = []
-        for url in servers:
-            if not self.admit(url):
-                failed.append(url)
-        return failed
+            try:  # all at once (one broadcast reaches every server); one by one where that fails
+                self.publisher.load_into(servers, location, version)
+                self._admitted.update(dict.fromkeys(servers, version))
+                return []
+            except (PublishFailed, requests.RequestException) as err:
+                logger.warning("policy v%d: %s; admitting the servers one by one", version, err)
+        return [url for url in servers if not self.admit(url)]
 
     def admit(self, url: str) -> bool:
         """Whether `url` serves the current version, loading it there first if needed."""

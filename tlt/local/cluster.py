@@ -44,6 +44,7 @@ class ClusterConfig:
     redis_password: str | None = None
     redis_data_dir: Path | None = None  # the embedded Redis persists here (append-only file); none: memory only
     trainer_threads: int = 1
+    trainer_ranks: int = 1  # > 1: the policy is sharded (FSDP2, gloo) over this many trainer processes
     policy_channel: PolicyChannel = "disk"  # redis: a policy follower beside each server
     spot_worker_args: tuple[str, ...] = ()  # extra flags of every spot worker (e.g. --idle-grace-s 0.2)
     auth_token: str | None = None  # of the trainer and the drafter service; none: one is made up
@@ -153,7 +154,9 @@ class LocalCluster:
         for server in self.rollout_servers:
             trainer_args += ["--rollout-servers", server.url]
         trainer_env = {**env, "TLT_TRAINER_AUTH_TOKEN": self.auth_token, "TLT_TRAINER_DRAFTER_AUTH_TOKEN": self.auth_token}
-        self.trainer = GrpcServiceProcess("trainer", self.logs / "trainer.log", args=trainer_args, env=trainer_env)
+        self.trainer = GrpcServiceProcess(
+            "trainer", self.logs / "trainer.log", args=trainer_args, env=trainer_env, ranks=config.trainer_ranks
+        )
         self.processes.append(self.trainer.start(120))
         self._record(self.trainer.kind, self.trainer.process, self.trainer.port)
         self._write_connection()

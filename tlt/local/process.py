@@ -184,17 +184,24 @@ class GrpcServiceProcess(ServiceProcess):
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         tls_ca_file: Path | None = None,
+        ranks: int = 1,
     ) -> None:
+        """`ranks` > 1: torchrun starts that many processes of the module on this machine (rank 0
+        serves; the trainer shards its policy over them)."""
         super().__init__(log_path, port, args, env)
         self.module = self.kind = module
         self.tls_ca_file = tls_ca_file  # the service speaks TLS: verify it with this CA
+        self.ranks = ranks
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", self.module, "--port", str(self.port), *self.args]
+        launcher = [sys.executable]
+        if self.ranks > 1:
+            launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.ranks}"]
+        return [*launcher, "-m", self.module, "--port", str(self.port), *self.args]
 
     def healthy(self) -> bool:
         import grpc

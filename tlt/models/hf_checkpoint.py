@@ -12,11 +12,15 @@ from safetensors import safe_open
 from transformers import PreTrainedModel
 
 
-def save_in_dtype(model: PreTrainedModel, out: Path, dtype: torch.dtype, **kwargs: Any) -> None:
+def save_in_dtype(
+    model: PreTrainedModel, out: Path, dtype: torch.dtype, weights: dict[str, torch.Tensor] | None = None, **kwargs: Any
+) -> None:
     """`save_pretrained` with the weights cast to `dtype` and the config saying so (the model itself
     is left as it is: training keeps its float32 master weights). SGLang's `--dtype auto` reads the
-    config's dtype, and maps float32 to float16: a GPU server must be handed bf16 explicitly."""
-    state = {name: tensor.detach().to(dtype) for name, tensor in model.state_dict().items()}
+    config's dtype, and maps float32 to float16: a GPU server must be handed bf16 explicitly.
+    `weights`: the full weights when `model` holds only a shard of them (FSDP)."""
+    weights = model.state_dict() if weights is None else weights
+    state = {name: tensor.detach().to(dtype) for name, tensor in weights.items()}
     model.save_pretrained(out, state_dict=state, safe_serialization=True, **kwargs)
     config_path = Path(out) / "config.json"
     config = json.loads(config_path.read_text())

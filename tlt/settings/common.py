@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 Device = Literal["auto", "cpu", "cuda"]
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 Speculation = Literal["off", "always", "adaptive"]
-PolicyChannel = Literal["disk", "redis"]
+PolicyChannel = Literal["disk", "redis", "distributed"]
 # Job and worker names: they become Redis keys and Kubernetes label values.
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 Settings = TypeVar("Settings", bound=BaseSettings)

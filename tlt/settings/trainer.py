@@ -34,8 +34,14 @@ class TrainerSettings(GrpcServerSettings, DeviceSettings):
     )
     policy_channel: PolicyChannel = Field(
         "disk",
-        description="how policy versions reach the servers: disk (a directory they read, --policy-dir) or redis "
-        "(the job's policy weight channel, applied by a policy follower beside each server; small policies)",
+        description="how policy versions reach the servers: disk (a directory they read, --policy-dir), redis "
+        "(the job's policy weight channel, applied by a policy follower beside each server; small policies) or "
+        "distributed (broadcast over a torch.distributed group of the trainer and every server: NCCL on GPUs, gloo "
+        "on the CPU)",
+    )
+    broadcast_address: str = Field(
+        "127.0.0.1",
+        description="distributed channel: the address the rollout servers reach this trainer at (its pod IP on a cluster)",
     )
     drafter_service: str | None = Field(None, description="host:port of the drafter service; unset: no adaptive drafter")
     drafter_auth_token: SecretStr | None = Field(None, description="bearer token of the drafter service")
@@ -51,6 +57,12 @@ class TrainerSettings(GrpcServerSettings, DeviceSettings):
         "auto",
         description="dtype of the published policy versions (the servers serve them in it); auto: float32 on cpu, "
         "bfloat16 on cuda. Training keeps float32 master weights, with bf16 autocast on cuda",
+    )
+    mixed_precision: bool = Field(
+        False, description="with several trainer ranks: bf16 compute and weight gathers, fp32 gradient reduction (GPUs)"
+    )
+    activation_checkpointing: bool = Field(
+        False, description="recompute each decoder layer's activations in the backward pass (less memory, more compute)"
     )
     lock_ttl_s: float = Field(
         15.0, ge=1.0, le=600.0, description="a trainer that stops renewing its Redis lock this long is taken over"
