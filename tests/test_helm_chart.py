@@ -45,6 +45,8 @@ EVERY_FEATURE = {
     "redis.persistence.enabled": "true",
     "trainer.policyChannel": "disk",
     "trainer.sharedVolume.existingClaim": "tlt-shared",
+    "trainer.nodes": "2",
+    "trainer.gpusPerNode": "8",
     "rollout.nodeSelector.gpu": "h200",
     "imagePullSecrets[0].name": "registry",
     "tls.secretName": "tlt-tls",
@@ -71,6 +73,17 @@ def _one(objects: list[dict], kind: str, suffix: str) -> dict:
     return found
 
 
+def _workload(objects: list[dict], suffix: str) -> dict:
+    """The Deployment or StatefulSet (the trainer's) whose name ends with `suffix`."""
+    (found,) = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet") and o["metadata"]["name"].endswith(suffix)]
+    return found
+
+
+def _tlt_workloads(objects: list[dict]) -> list[dict]:
+    """The pods TLT's own image runs: every Deployment and the trainer's StatefulSet (not Redis)."""
+    return [o for o in objects if o["kind"] == "Deployment" or (o["kind"] == "StatefulSet" and o["metadata"]["name"].endswith("-trainer"))]
+
+
 def _containers(deployment: dict) -> dict[str, dict]:
     return {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
 
@@ -94,7 +107,7 @@ def test_rendered_objects_are_valid_kubernetes(values: dict[str, str], version: 
 
 
 def test_rollout_pods_request_gpus_and_wait_long_before_readiness() -> None:
-    rollout = _one(_render(), "Deployment", "-rollout")
+    rollout = _workload(_render(), "-rollout")
     server = _containers(rollout)["rollout-server"]
     assert server["resources"]["limits"]["nvidia.com/gpu"] == 1 and server["resources"]["requests"]["nvidia.com/gpu"] == 1
     startup = server["startupProbe"]
@@ -129,7 +142,7 @@ def test_the_settings_configmap_names_only_real_settings_and_every_process_reads
     for key in configmap["data"]:
         prefix = next(p for p in by_prefix if key.startswith(p))
         assert key.removeprefix(prefix).lower() in by_prefix[prefix].model_fields, key
-    for workload in (o for o in objects if o["kind"] == "Deployment"):
+    for workload in _tlt_workloads(objects):
         assert "checksum/settings" in workload["spec"]["template"]["metadata"]["annotations"]
         for container in _containers(workload).values():
             assert container["envFrom"] == [{"configMapRef": {"name": configmap["metadata"]["name"]}}]
@@ -140,7 +153,7 @@ def test_rbac_grants_exactly_list_and_watch_of_endpointslices() -> None:
     role = _one(objects, "Role", "-trainer")
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]
     binding = _one(objects, "RoleBinding", "-trainer")
-    trainer = _one(objects, "Deployment", "-trainer")
+    trainer = _workload(objects, "-trainer")
     assert binding["subjects"][0]["name"] == trainer["spec"]["template"]["spec"]["serviceAccountName"]
     assert not [o for o in objects if o["kind"] in ("ClusterRole", "ClusterRoleBinding")]
 
@@ -148,7 +161,7 @@ def test_rbac_grants_exactly_list_and_watch_of_endpointslices() -> None:
 def test_the_pdb_covers_the_rollout_pods_and_updates_need_no_spare_gpu() -> None:
     objects = _render()
     pdb = _one(objects, "PodDisruptionBudget", "-rollout")
-    rollout = _one(objects, "Deployment", "-rollout")
+    rollout = _workload(objects, "-rollout")
     assert pdb["spec"]["selector"]["matchLabels"] == rollout["spec"]["selector"]["matchLabels"]
     # A surge pod would wait forever for a GPU on a full cluster.
     assert rollout["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
@@ -158,7 +171,7 @@ def test_the_pdb_covers_the_rollout_pods_and_updates_need_no_spare_gpu() -> None
 def test_keda_scales_on_sglangs_queue_and_a_service_monitor_scrapes_it() -> None:
     objects = _render({"rollout.autoscaling.enabled": "true", "rollout.autoscaling.maxReplicas": "6", "metrics.serviceMonitor.enabled": "true",
                        "metrics.serviceMonitor.labels.release": "prometheus"})  # fmt: skip
-    rollout, service = _one(objects, "Deployment", "-rollout"), _one(objects, "Service", "-rollout")
+    rollout, service = _workload(objects, "-rollout"), _one(objects, "Service", "-rollout")
     scaled = _one(objects, "ScaledObject", "-rollout")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1" and scaled["spec"]["maxReplicaCount"] == 6
     assert scaled["spec"]["scaleTargetRef"]["name"] == rollout["metadata"]["name"]
@@ -180,41 +193,41 @@ def test_gpu_pods_pin_their_device_and_no_other_container_sees_the_nodes_gpus() 
     in_server = _one(_render({"model.draftPath": "/models/drafter"}), "ConfigMap", "-settings")["data"]
     assert in_server["TLT_SPOT_DEVICE"] == "cuda"  # the server's child trains on the server's GPU
     for suffix, container in (("-rollout", "spot-worker"), ("-rollout", "policy-follower"), ("-drafter", "drafter-service")):
-        env = {e["name"]: e.get("value") for e in _containers(_one(objects, "Deployment", suffix))[container]["env"]}
+        env = {e["name"]: e.get("value") for e in _containers(_workload(objects, suffix))[container]["env"]}
         assert env["NVIDIA_VISIBLE_DEVICES"] == "void", container
-        assert "nvidia.com/gpu" not in str(_containers(_one(objects, "Deployment", suffix))[container].get("resources"))
+        assert "nvidia.com/gpu" not in str(_containers(_workload(objects, suffix))[container].get("resources"))
     for suffix, container in (("-rollout", "rollout-server"), ("-trainer", "trainer")):
-        spec = _containers(_one(objects, "Deployment", suffix))[container]
+        spec = _containers(_workload(objects, suffix))[container]
         assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in spec["env"]}
         assert spec["resources"]["limits"]["nvidia.com/gpu"] == 1
-    shm = next(v for v in _one(objects, "Deployment", "-rollout")["spec"]["template"]["spec"]["volumes"] if v["name"] == "shm")
+    shm = next(v for v in _workload(objects, "-rollout")["spec"]["template"]["spec"]["volumes"] if v["name"] == "shm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
 
 
 def test_sglang_flags_go_after_the_double_dash_and_tlt_flags_before() -> None:
     values = {"rollout.extraArgs[0]": "--cpu-threads", "rollout.extraArgs[1]": "2", "rollout.sglangArgs[0]": "--chunked-prefill-size",
               "rollout.sglangArgs[1]": "8192"}  # fmt: skip
-    args = _containers(_one(_render(values), "Deployment", "-rollout"))["rollout-server"]["args"]
+    args = _containers(_workload(_render(values), "-rollout"))["rollout-server"]["args"]
     split = args.index("--")
     assert args[split + 1 :] == ["--chunked-prefill-size", "8192"] and args.index("--cpu-threads") < split
-    assert "--" not in _containers(_one(_render(), "Deployment", "-rollout"))["rollout-server"]["args"]
+    assert "--" not in _containers(_workload(_render(), "-rollout"))["rollout-server"]["args"]
 
 
 def test_the_pods_carry_what_users_add_env_volumes_metadata_and_placement() -> None:
     objects = _render(EVERY_FEATURE)
-    for workload in (o for o in objects if o["kind"] == "Deployment"):
+    for workload in _tlt_workloads(objects):
         pod = workload["spec"]["template"]
         assert pod["metadata"]["annotations"]["team"] == "rl" and pod["spec"]["priorityClassName"] == "rl-high"
         for container in pod["spec"]["containers"]:
             assert {"name": "NCCL_DEBUG", "value": "INFO"} in container["env"], container["name"]
             assert {"secretRef": {"name": "hf"}} in container["envFrom"]
-    rollout = _one(objects, "Deployment", "-rollout")["spec"]["template"]["spec"]
+    rollout = _workload(objects, "-rollout")["spec"]["template"]["spec"]
     assert rollout["runtimeClassName"] == "nvidia" and rollout["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
-    assert {"name": "cache", "mountPath": "/cache"} in _containers(_one(objects, "Deployment", "-rollout"))["rollout-server"]["volumeMounts"]
+    assert {"name": "cache", "mountPath": "/cache"} in _containers(_workload(objects, "-rollout"))["rollout-server"]["volumeMounts"]
     (download,) = rollout["initContainers"]
     assert download["name"] == "download" and download["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
     assert {"name": "models", "emptyDir": {"sizeLimit": "100Gi"}} in rollout["volumes"]
-    assert _one(objects, "Deployment", "-trainer")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
+    assert _workload(objects, "-trainer")["spec"]["template"]["spec"]["runtimeClassName"] == "nvidia"
     redis = _one(objects, "StatefulSet", "-redis")["spec"]["template"]["spec"]
     assert redis["nodeSelector"] == {"pool": "cpu"}
     args = redis["containers"][0]["args"]
@@ -222,11 +235,11 @@ def test_the_pods_carry_what_users_add_env_volumes_metadata_and_placement() -> N
 
 
 def test_speculation_sidecars_and_policy_channel() -> None:
-    plain = _containers(_one(_render({"trainer.policyChannel": "redis"}), "Deployment", "-rollout"))
+    plain = _containers(_workload(_render({"trainer.policyChannel": "redis"}), "-rollout"))
     assert set(plain) == {"rollout-server", "policy-follower"}  # no drafter: SD off, no spot worker
     server_args = plain["rollout-server"]["args"]
     assert server_args[server_args.index("--speculative") + 1] == "off"
-    full = _containers(_one(_render({"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis"}), "Deployment", "-rollout"))
+    full = _containers(_workload(_render({"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis"}), "-rollout"))
     # The spot worker is the server's child by default: the pod's GPU is visible to that container only.
     assert set(full) == {"rollout-server", "policy-follower"}
     args = full["rollout-server"]["args"]
@@ -236,11 +249,11 @@ def test_speculation_sidecars_and_policy_channel() -> None:
     assert env["TLT_SPOT_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name" and "TLT_SPOT_AUTH_TOKEN" in env
     values = {"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis", "rollout.spotWorker.placement": "sidecar"}
     sidecar = _render(values)
-    assert set(_containers(_one(sidecar, "Deployment", "-rollout"))) == {"rollout-server", "spot-worker", "policy-follower"}
-    assert "--spot-worker" not in _containers(_one(sidecar, "Deployment", "-rollout"))["rollout-server"]["args"]
+    assert set(_containers(_workload(sidecar, "-rollout"))) == {"rollout-server", "spot-worker", "policy-follower"}
+    assert "--spot-worker" not in _containers(_workload(sidecar, "-rollout"))["rollout-server"]["args"]
     assert _one(sidecar, "ConfigMap", "-settings")["data"]["TLT_SPOT_DEVICE"] == "cpu"
     disk = _render({"trainer.policyChannel": "disk", "trainer.sharedVolume.existingClaim": "shared"})
-    assert "policy-follower" not in _containers(_one(disk, "Deployment", "-rollout"))
+    assert "policy-follower" not in _containers(_workload(disk, "-rollout"))
     assert not [o for o in disk if o["kind"] == "PersistentVolumeClaim"]  # the user's claim is used
 
 
@@ -253,7 +266,7 @@ def test_by_default_policies_go_through_a_shared_read_write_many_volume() -> Non
     settings = _one(objects, "ConfigMap", "-settings")["data"]
     assert settings["TLT_TRAINER_POLICY_CHANNEL"] == "disk" and settings["TLT_TRAINER_POLICY_DIR"] == "/shared/policy"
     for suffix, read_only in (("-rollout", True), ("-trainer", False)):
-        pod = _one(objects, "Deployment", suffix)["spec"]["template"]["spec"]
+        pod = _workload(objects, suffix)["spec"]["template"]["spec"]
         volume = next(v for v in pod["volumes"] if v["name"] == "shared")
         assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
         assert volume["persistentVolumeClaim"].get("readOnly", False) is read_only
@@ -263,7 +276,7 @@ def test_external_redis_and_an_existing_secret() -> None:
     objects = _render(EXTERNAL_REDIS)
     assert not [o for o in objects if o["metadata"]["name"].endswith("-redis")]
     assert not [o for o in objects if o["kind"] == "Secret"]  # the user's Secret is used
-    for deployment in (o for o in objects if o["kind"] == "Deployment"):
+    for deployment in _tlt_workloads(objects):
         for container in _containers(deployment).values():
             env = {e["name"]: e for e in container.get("env", [])}
             assert env["TLT_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "tlt-creds"
@@ -290,16 +303,16 @@ def test_tls_serves_both_grpc_services_and_their_clients_verify_with_the_ca() ->
     assert settings["TLT_TRAINER_DRAFTER_TLS_CA_FILE"] == settings["TLT_SPOT_TLS_CA_FILE"] == "/etc/tlt/tls/ca.crt"
     mounted = {"-drafter": "drafter-service", "-trainer": "trainer", "-rollout": "rollout-server"}  # its spot worker
     for suffix, container in mounted.items():
-        pod = _one(objects, "Deployment", suffix)["spec"]["template"]["spec"]
+        pod = _workload(objects, suffix)["spec"]["template"]["spec"]
         assert {"name": "tls", "secret": {"secretName": "tlt-tls"}} in pod["volumes"]
-        mounts = {m["name"]: m for m in _containers(_one(objects, "Deployment", suffix))[container]["volumeMounts"]}
+        mounts = {m["name"]: m for m in _containers(_workload(objects, suffix))[container]["volumeMounts"]}
         assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/tlt/tls", "readOnly": True}
     for suffix, container in (("-drafter", "drafter-service"), ("-trainer", "trainer")):
-        probes = _containers(_one(objects, "Deployment", suffix))[container]
+        probes = _containers(_workload(objects, suffix))[container]
         assert "tcpSocket" in probes["readinessProbe"] and "grpc" not in probes["livenessProbe"]  # kubelet's gRPC probe has no TLS
     plain = _render()
     assert not any(k.endswith(("TLS_CERT_FILE", "TLS_CA_FILE")) for k in _one(plain, "ConfigMap", "-settings")["data"])
-    assert "grpc" in _containers(_one(plain, "Deployment", "-drafter"))["drafter-service"]["readinessProbe"]
+    assert "grpc" in _containers(_workload(plain, "-drafter"))["drafter-service"]["readinessProbe"]
 
 
 def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:
@@ -313,7 +326,7 @@ def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:
         for container in pod["containers"]:
             assert container["securityContext"]["allowPrivilegeEscalation"] is False
             assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    assert _one(objects, "Deployment", "-rollout")["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h200"}
+    assert _workload(objects, "-rollout")["spec"]["template"]["spec"]["nodeSelector"] == {"gpu": "h200"}
 
 
 @pytest.mark.parametrize(
@@ -330,3 +343,32 @@ def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:
 def test_the_schema_refuses_bad_values(setting: str, complaint: str) -> None:
     result = _helm("template", "rl", str(CHART), "--set", setting)
     assert result.returncode != 0 and complaint in result.stderr, result.stderr
+
+
+def test_the_trainer_shards_over_its_pods_with_rank_0_serving() -> None:
+    objects = _render({"trainer.nodes": "2", "trainer.gpusPerNode": "4", "trainer.sharedVolume.existingClaim": "shared"})
+    trainer = _workload(objects, "-trainer")
+    assert trainer["kind"] == "StatefulSet" and trainer["spec"]["replicas"] == 2
+    assert trainer["spec"]["podManagementPolicy"] == "Parallel"
+    ranks = _one(objects, "Service", "-trainer-ranks")
+    assert trainer["spec"]["serviceName"] == ranks["metadata"]["name"]
+    assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"] is True
+    container = _containers(trainer)["trainer"]
+    command = container["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"] and command[-2:] == ["-m", "trainer"]
+    assert {"--nnodes=2", "--nproc-per-node=4", "--node-rank=$(TLT_NODE_RANK)", "--master-port=29500"} <= set(command)
+    assert f"--master-addr={trainer['metadata']['name']}-0.{ranks['metadata']['name']}" in command
+    env = {e["name"]: e for e in container["env"]}
+    assert env["TLT_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert env["TLT_TRAINER_BROADCAST_ADDRESS"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    # The job API reaches rank 0 only; the other pods answer health probes as followers.
+    assert _one(objects, "Service", "-trainer")["spec"]["selector"]["apps.kubernetes.io/pod-index"] == "0"
+    single = _containers(_workload(_render(), "-trainer"))["trainer"]
+    assert single["command"] == ["python", "-m", "trainer"]
+    settings = _one(objects, "ConfigMap", "-settings")["data"]
+    assert settings["TLT_TRAINER_MIXED_PRECISION"] == "true" and settings["TLT_TRAINER_ACTIVATION_CHECKPOINTING"] == "false"
+    # Sharded checkpoints need a volume every trainer pod mounts.
+    refused = _helm("template", "rl", str(CHART), "--set=trainer.nodes=2", "--set=trainer.policyChannel=redis")
+    assert refused.returncode != 0 and "trainer.nodes > 1 needs a volume" in refused.stderr
+    distributed = _one(_render({"trainer.policyChannel": "distributed"}), "ConfigMap", "-settings")["data"]
+    assert distributed["TLT_TRAINER_POLICY_CHANNEL"] == "distributed"
