@@ -49,11 +49,14 @@ def training_state(
         device = group.device
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
-    policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32).to(device)
+    # Sharded, the weights stay on the CPU until fully_shard moves each layer's shard to the
+    # group's device: a GPU never holds more than one unsharded layer.
+    placed = torch.device("cpu") if group is not None else device
+    policy = AutoModelForCausalLM.from_pretrained(resume_from or spec.model_path, dtype=torch.float32).to(placed)
     policy.train()
     reference = None
     if spec.grpo.kl_coef > 0:
-        reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).to(device).eval()
+        reference = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=torch.float32).to(placed).eval()
     sharding = sharding or ShardingOptions()
     if sharding.activation_checkpointing:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
