@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from tests.sharded_trainer_samples import job_spec, samples
 from trainer.checkpoints import read_state
-from trainer.training_state import training_state
+from trainer.training_state import ShardingOptions, training_state
 
 pytestmark = pytest.mark.slow
 
@@ -80,3 +80,11 @@ def test_a_two_rank_checkpoint_resumes_in_one_process_and_continues_the_same(two
     resumed.update(samples(seed=1), version=1)
     _, continuous = _one_process(updates=2)
     _assert_close(_weights(resumed.policy), _weights(continuous.policy))
+
+
+def test_activation_checkpointing_recomputes_to_the_same_update() -> None:
+    plain, _ = _one_process()
+    state = training_state(job_spec(), None, torch.device("cpu"), sharding=ShardingOptions(activation_checkpointing=True))
+    assert state.policy.is_gradient_checkpointing
+    recomputed = state.update(samples(seed=0), version=0)
+    assert recomputed["loss"] == pytest.approx(plain["loss"], abs=1e-6)
