@@ -29,6 +29,7 @@ import grpc
 import requests
 import torch
 from pydantic import BaseModel, Field
+from redis.exceptions import RedisError
 from safetensors.torch import save as save_blob
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -46,11 +47,12 @@ from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_f
 from tlt.rollout.client import model_info, server_load
 from tlt.rpc.drafter_client import commit
 from tlt.store.samples_stream import SamplesStream
-from tlt.store.weight_channel import WeightChannel
+from tlt.store.weight_channel import BadBlob, WeightChannel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
 
 logger = logging.getLogger(__name__)
+OUTAGE_BACKOFF_S = 2.0  # between tries while Redis or the drafter's latest version is unusable
 
 
 def spot_training(epochs: int, lr: float = 2e-3) -> DrafterTrainingConfig:
@@ -276,6 +278,12 @@ class SpotWorker:
                 logger.info("spot worker: no slice now (%s)", err.details())
             except requests.RequestException as err:
                 logger.warning("spot worker: rollout server unreachable (%s)", err)
+            except RedisError as err:  # Redis away for longer than the client's retries: try later
+                logger.warning("spot worker: Redis unavailable (%s); retrying", err)
+                self._stop.wait(OUTAGE_BACKOFF_S)
+            except BadBlob as err:  # a drafter version that does not verify (expired, corrupt): try later
+                logger.warning("spot worker: drafter version unreadable (%s); retrying", err)
+                self._stop.wait(OUTAGE_BACKOFF_S)
             idle_since = None
 
     def stop(self) -> None:
