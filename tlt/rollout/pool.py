@@ -142,7 +142,8 @@ class RolloutPool:
             url = self._pick()
             try:
                 completion = self._wait(url, calls.submit(self._generate, url, request, attempt))
-            except (requests.ConnectionError, requests.Timeout, requests.HTTPError, ServerHung) as err:
+            # ChunkedEncodingError: the server died while its answer was on the wire (kill -9 mid-body).
+            except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout, requests.HTTPError, ServerHung) as err:
                 with self._lock:
                     self._failed[url] = time.monotonic()
                     stats.failed_servers.add(url)
