@@ -1,8 +1,10 @@
 """The spot worker beside a rollout server: while its server is idle it leases a slice of the
-job's drafter from the drafter service, trains it on the job's recent samples and commits the
-result as a new version when it accepts more on held-out samples than the version it started
-from; a generation request arriving at the server preempts it within one unit of work (a
-training micro-step, a sample's features): the slice is released, not committed.
+job's drafter from the drafter service and carries the job's drafter training on
+(`tlt.drafter.continual`): features of new samples, training steps, a paired measure against the
+published version; it commits the candidate as a new version when it beats that version by
+more than the measure's noise. A generation request arriving at the server preempts a slice
+within one unit of work (a training micro-step, a held-out sequence, a batch of features): the
+lease is released and everything the slice did is kept for the next idle gap.
 
 Features (the policy's last hidden states) come from the rollout server itself
 (`server_features`, before the slice trains); the worker then holds only the parts the drafter
@@ -41,9 +43,10 @@ from rollout_server.memory_handoff import (
     recover_hand_off,
 )
 from rollout_server.server_features import ServerFeatures
+from tlt.drafter.continual import ContinualConfig, ContinualTraining, Sample, Verdict
 from tlt.drafter.model import PolicyParts
-from tlt.drafter.slice import split_held_out, train_round, usable_sequences
-from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
+from tlt.drafter.slice import training_sequence
+from tlt.drafter.training import DrafterTrainingConfig, policy_features
 from tlt.rollout.client import model_info, server_load
 from tlt.rpc.drafter_client import commit
 from tlt.store.samples_stream import SamplesStream
@@ -66,15 +69,13 @@ class SpotWorkerConfig(BaseModel):
     job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     worker_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     policy_path: str
-    samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
-    eval_fraction: float = Field(0.2, gt=0, lt=1)
-    draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
-    eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
+    samples: int = Field(256, ge=8, le=100_000, description="the training window: the job's newest samples")
     features_per_request: int = Field(16, ge=1, le=1024, description="sequences per feature computation")
     training: DrafterTrainingConfig = Field(default_factory=lambda: spot_training(epochs=2))
+    continual: ContinualConfig = Field(default_factory=ContinualConfig)
     heartbeat_s: float = Field(5.0, gt=0, description="seconds between lease renewals (well below the lease TTL)")
-    idle_grace_s: float = Field(1.0, ge=0, description="the server must stay idle this long first")
-    min_new_samples: int = Field(32, ge=1, description="new samples needed before the next slice")
+    idle_grace_s: float = Field(0.25, ge=0, description="the server must stay idle this long first")
+    min_new_samples: int = Field(32, ge=1, description="new samples that wake a worker whose data is used up")
     seed: int = 0
 
 
@@ -88,13 +89,18 @@ class NoSamples(Exception):
 
 @dataclass
 class SliceResult:
-    """What one slice did: committed a version, or was preempted (and how fast it let go)."""
+    """What one slice did: committed a version, or was preempted (and how fast it let go).
+    The accept lengths are those of the slice's last measure, base and candidate paired."""
 
     base_version: int
     version: int | None = None
     accept_length_before: float = 0.0
     accept_length: float = 0.0
-    steps: int = 0
+    gain_standard_error: float = 0.0
+    measures: int = 0
+    steps: int = 0  # training steps in this slice
+    total_steps: int = 0  # ... the candidate has had since its base
+    features: int = 0  # samples whose features this slice computed
     preempted: bool = False
     preempt_latency_s: float | None = None  # from the server turning busy to the slice stopping
     started_at: float = 0.0  # time.monotonic() when the lease was granted
@@ -147,6 +153,8 @@ class SpotWorker:
         self.policy_path = ""
         self._load_policy(config.policy_path)
         self.features = features or (lambda sequences: [policy_features(self.policy, ids) for ids in sequences])
+        self.training = ContinualTraining(self.policy_config, config.continual, config.training, self.device)
+        self._last_seen = "0-0"  # newest sample id in the training window
         self._stop = threading.Event()
         self._busy_since: float | None = None
         self._lease: pb.LeaseRef | None = None
@@ -180,43 +188,30 @@ class SpotWorker:
             self._renewed = time.monotonic()
 
     def run_slice(self) -> SliceResult:
-        """Lease, train, commit (or release when preempted)."""
-        self._follow_policy()
+        """Lease, carry the training on, commit when the candidate beats the published version;
+        release otherwise (preempted, data used up)."""
         grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
         ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
         result = SliceResult(base_version=grant.base_version, started_at=time.monotonic())
         self._busy_since, self._lease, self._renewed = None, ref, time.monotonic()
+        steps_before = self.training.steps
         try:
-            base_state = self.channel.load(grant.base_version)[1]
-            train, held_out = self._data()
-            train_features = self._features_of(train)
-            eval_features = self._features_of(held_out)
-
-            def on_step(step: int, total: int, metrics: dict[str, float]) -> None:
-                result.steps = step
-
+            if grant.base_version != self.training.base_version:
+                self.training.rebase(grant.base_version, self.channel.load(grant.base_version)[1])
+                steps_before = self.training.steps
+            self._refresh_window()
+            result.features = self._compute_features()
+            if self.training.needs_round:
+                self._follow_policy()
             with self.hand_off():
-                trained = train_round(
-                    self.policy_config,
-                    self.parts,
-                    base_state,
-                    (train, train_features),
-                    (held_out, eval_features),
-                    self.config.training,
-                    self.config.draft_steps,
-                    self.config.eval_every,
-                    check=self._check,
-                    on_step=on_step,
-                )
-            result.accept_length_before, result.accept_length = trained.accept_length_before, trained.accept_length
-            if not trained.improved:
-                # A slice that made the drafter worse on held-out samples is not published.
-                logger.info("spot worker: slice did not improve (%.2f -> %.2f); not committed", result.accept_length_before, result.accept_length)
+                verdict = self._advance(result)
+            if verdict is None or not verdict.commit:
                 self.stub.Release(ref, metadata=self.metadata)
                 return result
-            # In the base version's dtypes: a version's tensors (names, dtypes, shapes) never change.
-            weights = save_blob({name: t.to(base_state[name].dtype).cpu() for name, t in trained.state.items()})
+            weights = save_blob(self.training.state())
             result.version = commit(self.stub, grant.lease_id, grant.job_id, weights, result.accept_length, self.metadata)
+            self.training.committed(result.version)
+            logger.info("spot worker: committed v%d (%.3f -> %.3f, +-%.3f)", result.version, result.accept_length_before, result.accept_length, result.gain_standard_error)
         except (Preempted, ServerBusy):
             result.preempted = True
             result.preempt_latency_s = time.monotonic() - (self._busy_since or time.monotonic())
@@ -233,31 +228,55 @@ class SpotWorker:
         finally:
             self._lease = None
             result.ended_at = time.monotonic()
+            result.steps = self.training.steps - steps_before
+            result.total_steps = self.training.steps
         return result
 
-    def _features_of(self, sequences: list[PolicySequence]) -> list[torch.Tensor]:
-        """Features of the sequences, a few per request, preemptible between two requests."""
-        features: list[torch.Tensor] = []
-        step = self.config.features_per_request
-        for start in range(0, len(sequences), step):
-            self._check()
-            features += self.features([s.token_ids for s in sequences[start : start + step]])
-        return features
+    def _advance(self, result: SliceResult) -> Verdict | None:
+        """Train and measure until a measure says commit or the data is used up."""
+        while True:
+            if self.training.needs_round and not self.training.start_round(self.parts):
+                raise NoSamples("fewer than two held-out samples with features")
+            verdict = self.training.advance(self._check)
+            if verdict is None:
+                return None
+            comparison = verdict.comparison
+            result.accept_length_before, result.accept_length = comparison.base, comparison.candidate
+            result.gain_standard_error = comparison.standard_error
+            result.measures += 1
+            if verdict.commit:
+                return verdict
+            logger.info("spot worker: candidate %.3f vs base %.3f (+-%.3f): not yet", comparison.candidate, comparison.base, comparison.standard_error)
 
-    def _data(self) -> tuple[list[PolicySequence], list[PolicySequence]]:
-        sequences = usable_sequences(self.samples.latest(self.config.samples))
-        if len(sequences) < 4:
-            raise NoSamples(f"{len(sequences)} usable samples in the stream")
-        return split_held_out(sequences, self.config.eval_fraction, self.config.seed)
+    def _refresh_window(self) -> None:
+        """The job's newest samples become the training window."""
+        entries = self.samples.latest_entries(self.config.samples)
+        window = [Sample(i, seq) for i, record in entries if (seq := training_sequence(record)) is not None]
+        self.training.add_samples(window)
+        if entries:
+            self._last_seen = entries[-1][0]
+        if not self.training.has_work:
+            raise NoSamples(f"nothing to train on: {len(window)} usable samples, all used")
+
+    def _compute_features(self) -> int:
+        """Features of the window's new samples, a few per request, preemptible between two
+        requests; outside the memory hand-off, because the server computes them."""
+        missing = self.training.missing_features()
+        step = self.config.features_per_request
+        for start in range(0, len(missing), step):
+            self._check()
+            group = missing[start : start + step]
+            for sample, features in zip(group, self.features([s.sequence.token_ids for s in group]), strict=True):
+                self.training.features.put(sample.sample_id, features.cpu())
+        return len(missing)
 
     def run_forever(self, poll_s: float = 0.2, on_slice: Callable[[SliceResult], None] | None = None) -> None:
-        """Run slices whenever the server has been idle for the grace period and enough new
-        samples have arrived since the last committed slice, until `stop()`."""
+        """Run slices whenever the server has been idle for the grace period and there is work:
+        training left on the window, or enough new samples, until `stop()`."""
         # Lowest CPU priority for this thread: what the worker computes while the server is already
         # busy again (until its next check) should delay the rollouts as little as possible.
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         idle_since: float | None = None
-        trained_up_to = "0-0"
         while not self._stop.wait(poll_s):
             try:
                 if self.busy():
@@ -266,12 +285,9 @@ class SpotWorker:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since < self.config.idle_grace_s:
                     continue
-                if self.samples.count_after(trained_up_to, self.config.min_new_samples) < self.config.min_new_samples:
+                if not self.training.has_work and self.samples.count_after(self._last_seen, self.config.min_new_samples) < self.config.min_new_samples:
                     continue
-                newest = self.samples.last_id()
                 result = self.run_slice()
-                if not result.preempted:  # trained on these samples (committed or not): wait for new ones
-                    trained_up_to = newest
                 if on_slice is not None:
                     on_slice(result)
             except grpc.RpcError as err:  # leased elsewhere, service restarting: try later
@@ -317,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
         samples=settings.samples,
         idle_grace_s=settings.idle_grace_s,
         min_new_samples=settings.min_new_samples,
+        continual=ContinualConfig(commit_z=settings.commit_z),
         training=spot_training(settings.epochs, settings.lr),
     )
     marker = HandOffMarker(client, settings.job_id, settings.worker_id)

@@ -1,11 +1,13 @@
 """The spot worker with a real rollout server, drafter service and Redis: an idle-time slice
 trains a fresh drafter on the job's samples (features from the server's hidden states) and commits
-a better version; a request arriving at the server preempts a slice within one training micro-step
-and the lease is given back, also while the worker holds the server paused (memory hand-off);
-a worker killed during a hand-off leaves a note its successor undoes."""
+a better version; slices preempted again and again still add up to a commit; a request arriving
+at the server preempts a slice within one training micro-step and the lease is given back, also
+while the worker holds the server paused (memory hand-off); a worker killed during a hand-off
+leaves a note its successor undoes."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -97,6 +99,33 @@ def test_an_idle_slice_commits_a_better_drafter(setup) -> None:
     info = worker.stub.GetDrafter(pb.DrafterRef(job_id=JOB))
     assert info.latest_version == result.version and info.active_lease_id == ""
     assert info.history[-1].accept_length == pytest.approx(result.accept_length)
+
+
+def test_a_slice_preempted_several_times_still_commits(setup) -> None:
+    """What a preempted slice did is kept: slices cut short every ninth unit of work (a training
+    step, a held-out sequence, a batch of features) add up to a committed version."""
+    server, worker = setup
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(96, seed=6, split="train")]
+    payload = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 300, "temperature": 1.0}}
+    requests.post(f"{server.url}/generate", json=payload, timeout=600).raise_for_status()  # new samples
+    busy, checks = worker.busy, itertools.count(1)
+    worker.busy = lambda: next(checks) % 9 == 0 or busy()
+    results = []
+    try:
+        while not results or results[-1].preempted:
+            assert len(results) < 300, "never committed"
+            results.append(worker.run_slice())
+    finally:
+        worker.busy = busy
+    committed = results[-1]
+    preempted = [r for r in results if r.preempted]
+    print(f"{len(preempted)} preempted slices ({sum(r.steps for r in preempted)} steps), then v{committed.version}: "
+          f"{committed.accept_length_before:.3f} -> {committed.accept_length:.3f} +- {committed.gain_standard_error:.3f}")
+    assert len(preempted) >= 3 and sum(r.steps for r in preempted) > 0
+    assert committed.version == committed.base_version + 1
+    assert committed.accept_length > committed.accept_length_before + 2 * committed.gain_standard_error
+    assert worker.stub.GetDrafter(pb.DrafterRef(job_id=JOB)).active_lease_id == ""
 
 
 def test_a_request_preempts_the_slice_within_a_micro_step(setup) -> None:

@@ -36,7 +36,12 @@ class RoundResult:
 
 def usable_sequences(records: Iterable[SampleRecord]) -> list[PolicySequence]:
     """Training sequences of finished rollouts: those with a response of two tokens or more."""
-    return [PolicySequence(r.prompt_ids + r.output_ids, len(r.prompt_ids)) for r in records if len(r.output_ids) > 1]
+    return [s for s in map(training_sequence, records) if s is not None]
+
+
+def training_sequence(record: SampleRecord) -> PolicySequence | None:
+    """The rollout as a training sequence; None when its response is shorter than two tokens."""
+    return PolicySequence(record.prompt_ids + record.output_ids, len(record.prompt_ids)) if len(record.output_ids) > 1 else None
 
 
 def split_held_out(

@@ -136,6 +136,34 @@ def drafter_forward(drafter: EagleDrafter, parts: PolicyParts, batch: PackedBatc
     return drafter(embeds, batch.features, position_embeddings, batch.attention_mask)
 
 
+def new_optimizer(drafter: EagleDrafter, config: DrafterTrainingConfig) -> torch.optim.Optimizer:
+    """The drafter's AdamW."""
+    return torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+
+
+def training_step(
+    drafter: EagleDrafter,
+    parts: PolicyParts,
+    group: Sequence[PackedBatch],
+    optimizer: torch.optim.Optimizer,
+    config: DrafterTrainingConfig,
+) -> dict[str, float]:
+    """One optimizer step over `group` (gradients averaged over its rows); the step's mean metrics."""
+    optimizer.zero_grad(set_to_none=True)
+    metrics: dict[str, float] = {}
+    for batch in group:
+        batch = batch.to(parts.device)
+        with mixed_precision(parts.device):
+            predicted = drafter_forward(drafter, parts, batch)
+            loss, parts_metrics = eagle_loss(predicted, batch.targets, parts.lm_head, batch.loss_mask, config.ce_weight)
+        (loss / len(group)).backward()
+        for key, value in {"loss": loss.item(), **parts_metrics}.items():
+            metrics[key] = metrics.get(key, 0.0) + value / len(group)
+    torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+    optimizer.step()
+    return metrics
+
+
 def train_drafter(
     drafter: EagleDrafter,
     parts: PolicyParts,
@@ -148,7 +176,7 @@ def train_drafter(
     `on_step(step, total, metrics)` after each step; `on_epoch(epoch, that epoch's step metrics)`
     after each pass, with the drafter in eval mode."""
     generator = torch.Generator().manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = new_optimizer(drafter, config)
     steps_per_epoch = max(1, -(-len(batches) // config.rows_per_step))
     total = steps_per_epoch * config.epochs
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / max(1, total))
@@ -159,19 +187,7 @@ def train_drafter(
         epoch_start = len(history)
         order = torch.randperm(len(batches), generator=generator).tolist()
         for start in range(0, len(order), config.rows_per_step):
-            group = [batches[i] for i in order[start : start + config.rows_per_step]]
-            optimizer.zero_grad(set_to_none=True)
-            metrics: dict[str, float] = {}
-            for batch in group:
-                batch = batch.to(parts.device)
-                with mixed_precision(parts.device):
-                    predicted = drafter_forward(drafter, parts, batch)
-                    loss, parts_metrics = eagle_loss(predicted, batch.targets, parts.lm_head, batch.loss_mask, config.ce_weight)
-                (loss / len(group)).backward()
-                for key, value in {"loss": loss.item(), **parts_metrics}.items():
-                    metrics[key] = metrics.get(key, 0.0) + value / len(group)
-            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-            optimizer.step()
+            metrics = training_step(drafter, parts, [batches[i] for i in order[start : start + config.rows_per_step]], optimizer, config)
             schedule.step()
             step += 1
             history.append(metrics)

@@ -34,8 +34,8 @@ class SpotWorkerSettings(DeviceSettings):
         description="pause the server and release its KV cache while a slice trains; auto: when the server "
         "runs with --enable-memory-saver (GPU)",
     )
-    samples: int = Field(256, ge=8, le=100_000, description="newest samples trained on per slice")
-    epochs: int = Field(2, ge=1, le=1000, description="passes over the samples per slice")
+    samples: int = Field(256, ge=8, le=100_000, description="the training window: the job's newest samples")
+    epochs: int = Field(2, ge=1, le=1000, description="passes over the same samples before the worker waits for new ones")
     lr: float = Field(
         2e-3,
         gt=0,
@@ -44,8 +44,13 @@ class SpotWorkerSettings(DeviceSettings):
         "warm-up) keeps its held-out accept length only at about 2e-4 (a fresh optimiser's first steps at 2e-3 "
         "undo some of it)",
     )
-    min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples needed before the next slice")
-    idle_grace_s: float = Field(1.0, ge=0, le=3600, description="the server must stay idle this long first")
+    min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples that wake a worker whose data is used up")
+    commit_z: float = Field(
+        2.0, ge=0, le=10, description="commit a candidate when its paired held-out gain over the published version is this many standard errors"
+    )
+    idle_grace_s: float = Field(
+        0.25, ge=0, le=3600, description="the server must stay idle this long first (a preempted slice loses nothing)"
+    )
     poll_s: float = Field(0.2, gt=0, le=60, description="how often idleness is checked between slices")
     threads: int = Field(
         1,

@@ -62,8 +62,15 @@ class SamplesStream:
 
     def latest(self, count: int) -> list[SampleRecord]:
         """The newest `count` samples, oldest first."""
+        return [record for _, record in self.latest_entries(count)]
+
+    def latest_entries(self, count: int) -> list[tuple[str, SampleRecord]]:
+        """The newest `count` samples with their stream ids, oldest first."""
         entries = self.client.xrevrange(self.key, count=count)
-        return [SampleRecord.model_validate_json(fields.get(b"sample", fields.get("sample"))) for _, fields in reversed(entries)]
+        return [
+            (entry_id.decode() if isinstance(entry_id, bytes) else entry_id, SampleRecord.model_validate_json(fields.get(b"sample", fields.get("sample"))))
+            for entry_id, fields in reversed(entries)
+        ]
 
     def last_id(self) -> str:
         """Stream id of the newest sample ("0-0" when empty)."""

@@ -1,0 +1,139 @@
+"""Continual drafter training (`tlt.drafter.continual`) on the bundled model's own samples: a
+training preempted many times ends exactly where an uninterrupted one does and commits a better
+drafter; data used up stops it until new samples come; the paired comparison and the split."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tlt.drafter.comparison import paired_gain
+from tlt.drafter.continual import (
+    ContinualConfig,
+    ContinualTraining,
+    FeatureCache,
+    Sample,
+    Verdict,
+    is_held_out,
+)
+from tlt.drafter.model import EagleDrafter, PolicyParts
+from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
+from tlt.paths import BUNDLED_MODEL
+from tlt.tasks import GcdTask
+
+
+class Preempted(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def policy_samples():
+    policy = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    torch.manual_seed(0)
+    samples = []
+    for n, problem in enumerate(GcdTask().sample(64, seed=3, split="train")):
+        prompt = tokenizer(problem.prompt).input_ids
+        out = policy.generate(torch.tensor([prompt]), max_new_tokens=160, do_sample=True, temperature=1.0, pad_token_id=0)
+        samples.append(Sample(f"{1000 + n}-0", PolicySequence(out[0].tolist(), len(prompt))))
+    features = {s.sample_id: policy_features(policy, s.sequence.token_ids) for s in samples}
+    return policy, samples, features
+
+
+def _training(policy, samples, features, **config) -> ContinualTraining:
+    training = ContinualTraining(
+        policy.config,
+        ContinualConfig(**{"held_out": 16, "eval_steps": 6, "commit_z": 2.0, **config}),
+        DrafterTrainingConfig(epochs=4, lr=3e-3, tokens_per_row=512, rows_per_step=1),
+        torch.device("cpu"),
+    )
+    torch.manual_seed(1)
+    training.rebase(1, EagleDrafter(policy.config).state_dict())  # a fresh drafter as version 1
+    training.add_samples(samples)
+    for sample in training.missing_features():
+        training.features.put(sample.sample_id, features[sample.sample_id])
+    return training
+
+
+def _until_commit(training: ContinualTraining, parts: PolicyParts, check) -> tuple[Verdict | None, int]:
+    preemptions = 0
+    while True:
+        try:
+            if training.needs_round:
+                assert training.start_round(parts)
+            verdict = training.advance(check)
+        except Preempted:
+            preemptions += 1
+            continue
+        if verdict is None or verdict.commit:
+            return verdict, preemptions
+
+
+def test_a_training_preempted_many_times_ends_where_an_uninterrupted_one_does(policy_samples) -> None:
+    policy, samples, features = policy_samples
+    parts = PolicyParts(policy)
+    straight = _training(policy, samples, features)
+    verdict, _ = _until_commit(straight, parts, lambda: None)
+    assert verdict is not None and verdict.commit
+    print(f"committed after {verdict.steps} steps: {verdict.comparison}")
+    assert verdict.comparison.candidate > verdict.comparison.base + 0.1
+
+    calls = itertools.count(1)
+
+    def flaky() -> None:  # a request every 7th unit of work
+        if next(calls) % 7 == 0:
+            raise Preempted
+
+    interrupted = _training(policy, samples, features)
+    again, preemptions = _until_commit(interrupted, parts, flaky)
+    assert preemptions >= 3
+    assert again == verdict
+    for name, tensor in straight.state().items():
+        torch.testing.assert_close(interrupted.state()[name], tensor, rtol=0, atol=0)
+
+
+def test_used_up_data_stops_training_until_new_samples_arrive(policy_samples) -> None:
+    policy, samples, features = policy_samples
+    parts = PolicyParts(policy)
+    training = _training(policy, samples[:40], features, commit_z=100.0, round_evals=100)
+    assert training.start_round(parts)
+    verdicts = []
+    while (verdict := training.advance()) is not None:
+        verdicts.append(verdict)
+    assert verdicts and not any(v.commit for v in verdicts)  # z = 100: nothing is worth committing
+    trainable = sum(1 for s in samples[:40] if not is_held_out(s.sample_id, 0.2))
+    assert training.steps >= 4 * trainable // 8  # four passes of rows of several sequences
+    assert not training.has_work
+    steps = training.steps
+    assert training.add_samples(samples[8:48]) == 8
+    assert training.has_work and training.missing_features()
+    for sample in training.missing_features():
+        training.features.put(sample.sample_id, features[sample.sample_id])
+    training.advance()
+    assert training.steps > steps
+
+
+def test_the_paired_gain_and_its_clustered_error() -> None:
+    comparison = paired_gain({"a": [1, 1], "b": [2, 2]}, {"a": [2, 2], "b": [2, 3]})
+    assert comparison.gain == pytest.approx(0.75)
+    assert comparison.standard_error == pytest.approx(0.25)  # residuals +-0.5 over 2 clusters, 4 positions
+    assert comparison.beats(2.0) and not comparison.beats(4.0)
+    assert not paired_gain({"a": [1, 1]}, {"a": [3, 3]}).beats(0.0)  # one sequence: no verdict
+    with pytest.raises(ValueError):
+        paired_gain({"a": [1]}, {"b": [1]})
+
+
+def test_the_split_follows_the_id_and_the_cache_its_bound() -> None:
+    ids = [f"{t}-{s}" for t in range(1000, 3000) for s in range(2)]
+    held = [i for i in ids if is_held_out(i, 0.2)]
+    assert abs(len(held) / len(ids) - 0.2) < 0.03
+    assert held == [i for i in ids if is_held_out(i, 0.2)]
+    cache = FeatureCache(max_bytes=3 * 400)
+    for n in range(5):
+        cache.put(str(n), torch.zeros(100))  # 400 bytes each
+    assert len(cache) == 3 and "0" not in cache and "4" in cache and cache.bytes == 1200
+    cache.retain({"4"})
+    assert len(cache) == 1 and cache.bytes == 400

@@ -1,0 +1,297 @@
+"""Drafter training that outlives the idle gaps it runs in.
+
+A spot worker gets idle time in pieces of a second or two, and a request can take any piece
+away. `ContinualTraining` keeps what each piece produced: the drafter in training, its AdamW
+state, its step count and its place in the data; the policy's features of every sample, computed
+once; the base version's held-out score, measured once per round. `check` runs between two units
+of work (a training step, one held-out sequence's measure) and may raise to stop; whatever it
+interrupts is kept, and the next piece carries on from there.
+
+A round fixes what candidates are compared against: the base version, the policy parts and a
+held-out set (the newest held-out samples). Every `eval_steps` training steps the candidate is
+measured on that set, paired with the base's cached score, and it is worth committing when it
+beats the base by `commit_z` standard errors. A round ends with a commit, a rebase (another
+worker committed) or `round_evals` evaluations that did not beat the base; the next one takes the
+policy parts the server serves then and the newest held-out samples. Which side of the split a
+sample is on follows from its id, so no slice ever trains on a sample another held out.
+"""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import BaseModel, Field
+from transformers import PretrainedConfig
+
+from tlt.drafter.acceptance import chain_accept_lengths, response_starts
+from tlt.drafter.comparison import PairedGain, paired_gain
+from tlt.drafter.model import EagleDrafter, PolicyParts
+from tlt.drafter.training import (
+    DrafterTrainingConfig,
+    PackedBatch,
+    PolicySequence,
+    new_optimizer,
+    pack,
+    training_step,
+)
+
+
+class ContinualConfig(BaseModel):
+    """How continual drafter training splits, measures and decides."""
+
+    eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of samples (chosen by id) never trained on")
+    held_out: int = Field(32, ge=2, le=4096, description="held-out sequences a round measures on")
+    draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
+    eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
+    eval_steps: int = Field(32, ge=1, description="training steps between two measures of the candidate")
+    commit_z: float = Field(
+        2.0, ge=0, description="commit when the paired gain over the base is at least this many standard errors"
+    )
+    round_evals: int = Field(4, ge=1, description="measures without a commit before a new round (fresh held-out set)")
+    feature_cache_mb: float = Field(1024, gt=0, description="bound on the cached features (oldest out first)")
+
+
+@dataclass
+class Sample:
+    """A finished rollout by its stream id."""
+
+    sample_id: str
+    sequence: PolicySequence
+
+
+@dataclass
+class Verdict:
+    """One measure of the candidate against the round's base."""
+
+    comparison: PairedGain
+    steps: int  # training steps the candidate has had in all
+    commit: bool
+
+
+def is_held_out(sample_id: str, fraction: float) -> bool:
+    """The sample's side of the split, the same in every worker and slice."""
+    return zlib.crc32(sample_id.encode()) % 10_000 < fraction * 10_000
+
+
+class FeatureCache:
+    """The policy's features of samples by id, bounded in bytes (oldest out first)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes, self.bytes = max_bytes, 0
+        self._entries: OrderedDict[str, torch.Tensor] = OrderedDict()
+
+    def __contains__(self, sample_id: str) -> bool:
+        return sample_id in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, sample_id: str) -> torch.Tensor:
+        return self._entries[sample_id]
+
+    def put(self, sample_id: str, features: torch.Tensor) -> None:
+        self._drop(sample_id)
+        self._entries[sample_id] = features
+        self.bytes += features.nbytes
+        while self.bytes > self.max_bytes and len(self._entries) > 1:
+            self._drop(next(iter(self._entries)))
+
+    def retain(self, sample_ids: set[str]) -> None:
+        """Forget the samples not in `sample_ids` (they left the training window)."""
+        for sample_id in [s for s in self._entries if s not in sample_ids]:
+            self._drop(sample_id)
+
+    def _drop(self, sample_id: str) -> None:
+        gone = self._entries.pop(sample_id, None)
+        if gone is not None:
+            self.bytes -= gone.nbytes
+
+
+@dataclass
+class _Round:
+    parts: PolicyParts
+    held_out: list[tuple[str, PolicySequence, torch.Tensor]]
+    base: EagleDrafter
+    base_scores: dict[str, list[int]] = field(default_factory=dict)
+    failed: int = 0
+
+
+class ContinualTraining:
+    """One job's drafter in training, across all the slices of one worker."""
+
+    def __init__(
+        self,
+        policy_config: PretrainedConfig,
+        config: ContinualConfig,
+        training: DrafterTrainingConfig,
+        device: torch.device,
+    ) -> None:
+        """`training.epochs`: passes over the same samples before training waits for new ones;
+        its LR stays constant (a schedule would restart with every slice)."""
+        self.policy_config, self.config, self.training, self.device = policy_config, config, training, device
+        self.drafter = EagleDrafter(policy_config).to(device)
+        self.optimizer = new_optimizer(self.drafter, training)
+        self.base_version = 0
+        self._base_state: dict[str, torch.Tensor] = {}
+        self._dtypes: dict[str, torch.dtype] = {}  # a version's tensors keep their dtypes
+        self.steps = 0
+        self._steps_since_eval = 0
+        self._order: list[str] = []
+        self._cursor = 0
+        self._passes = 0  # over the order, since the last new sample
+        self._pool: dict[str, PolicySequence] = {}
+        self.features = FeatureCache(int(config.feature_cache_mb * 2**20))
+        self._round: _Round | None = None
+        self._candidate_scores: dict[str, list[int]] = {}
+
+    def rebase(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Train from `version` (the first one, or one another worker committed): its weights
+        replace the drafter's in place, so the optimizer's moments carry over."""
+        self.drafter.load_state_dict(state)
+        self._dtypes = {name: t.dtype for name, t in state.items()}
+        self._set_base(version)
+
+    def committed(self, version: int) -> None:
+        """The candidate is published as `version`: it is the base from now on."""
+        self._set_base(version)
+
+    def _set_base(self, version: int) -> None:
+        self.base_version = version
+        self._base_state = {name: t.detach().clone() for name, t in self.drafter.state_dict().items()}
+        self._round = None
+        self._candidate_scores = {}
+        self._steps_since_eval = 0
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The candidate's tensors, on the CPU in the base version's dtypes (to commit)."""
+        return {name: t.detach().to("cpu", self._dtypes.get(name, t.dtype)).contiguous() for name, t in self.drafter.state_dict().items()}
+
+    def add_samples(self, window: Sequence[Sample]) -> int:
+        """The newest samples of the job, oldest first: the training window from now on. Returns
+        how many are new (new ones reset the count of passes)."""
+        new = sum(1 for s in window if s.sample_id not in self._pool)
+        self._pool = {s.sample_id: s.sequence for s in window}
+        self.features.retain(set(self._pool))
+        if new:
+            self._passes = 0
+        return new
+
+    def missing_features(self) -> list[Sample]:
+        """Samples of the window whose features are not cached yet, newest first."""
+        return [Sample(i, seq) for i, seq in reversed(self._pool.items()) if i not in self.features]
+
+    @property
+    def needs_round(self) -> bool:
+        """True when the next `advance` needs `start_round` first."""
+        return self._round is None
+
+    def start_round(self, parts: PolicyParts) -> bool:
+        """Begin a round with these policy parts and the newest held-out samples with features;
+        False when the window holds fewer than two."""
+        held = [(i, seq) for i, seq in self._pool.items() if is_held_out(i, self.config.eval_fraction) and i in self.features]
+        held = held[-self.config.held_out :]
+        if len(held) < 2:
+            return False
+        base = EagleDrafter(self.policy_config).to(self.device)
+        base.load_state_dict(self._base_state)
+        base.eval()
+        self._round = _Round(parts, [(i, seq, self.features.get(i).to(self.device)) for i, seq in held], base)
+        self._candidate_scores = {}
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        """Features to compute, training data left to pass over, or a measure due."""
+        if self._steps_since_eval or any(i not in self.features for i in self._pool):
+            return True
+        return self._passes < self.training.epochs and any(self._trainable())
+
+    def advance(self, check: Callable[[], None] = lambda: None) -> Verdict | None:
+        """Train and measure until a verdict, or None when the data is used up (`training.epochs`
+        passes without a new sample). Needs a round (`start_round`)."""
+        if self._round is None:
+            raise RuntimeError("advance needs a round: call start_round first")
+        self._score(self._round.base, self._round.base_scores, check)
+        while not self._eval_due():
+            step = self._next_step()
+            if step is None:
+                if self._steps_since_eval == 0:
+                    return None
+                break  # the last steps still get their measure
+            rows, consumed = step
+            check()
+            self.drafter.train()
+            training_step(self.drafter, self._round.parts, rows, self.optimizer, self.training)
+            self.drafter.eval()
+            self.steps += 1
+            self._steps_since_eval += 1
+            self._cursor += consumed
+        self._score(self.drafter, self._candidate_scores, check)
+        comparison = paired_gain(self._round.base_scores, self._candidate_scores)
+        verdict = Verdict(comparison, self.steps, comparison.beats(self.config.commit_z))
+        self._steps_since_eval = 0
+        self._candidate_scores = {}
+        if not verdict.commit:
+            self._round.failed += 1
+            if self._round.failed >= self.config.round_evals:
+                self._round = None
+        return verdict
+
+    def _eval_due(self) -> bool:
+        if self._steps_since_eval == 0:
+            return False
+        return self._steps_since_eval >= self.config.eval_steps or self._passes >= self.training.epochs or not any(self._trainable())
+
+    def _trainable(self) -> Iterator[str]:
+        return (i for i in self._pool if i in self.features and not is_held_out(i, self.config.eval_fraction))
+
+    def _score(self, drafter: EagleDrafter, scores: dict[str, list[int]], check: Callable[[], None]) -> None:
+        """Accept lengths of the round's held-out sequences not scored yet, one per unit of work."""
+        assert self._round is not None
+        for sample_id, sequence, features in self._round.held_out:
+            if sample_id in scores:
+                continue
+            check()
+            starts = response_starts(sequence, self.config.draft_steps, self.config.eval_every)
+            scores[sample_id] = chain_accept_lengths(drafter, self._round.parts, sequence, features, self.config.draft_steps, starts)
+
+    def _next_step(self) -> tuple[list[PackedBatch], int] | None:
+        """The packed rows of the next training step, from the cursor on (a new shuffled pass when
+        the order is used up), and how many entries of the order they use; None when
+        `training.epochs` passes went by without a new sample."""
+        rows: list[PackedBatch] = []
+        ids: list[str] = []
+        budget = self.training.tokens_per_row
+        while len(rows) < self.training.rows_per_step:
+            if self._cursor + len(ids) >= len(self._order):
+                if ids:
+                    break
+                if self._order:
+                    self._passes += 1
+                if self._passes >= self.training.epochs:
+                    return None
+                self._order = list(self._trainable())
+                random.Random(self.training.seed + self.steps).shuffle(self._order)
+                self._cursor = 0
+                if not self._order:
+                    return None
+            row_ids, used = [], 0
+            while self._cursor + len(ids) < len(self._order):
+                sample_id = self._order[self._cursor + len(ids)]
+                ids.append(sample_id)
+                if sample_id not in self._pool or sample_id not in self.features:
+                    continue  # left the window since the pass began
+                steps = min(len(self._pool[sample_id].token_ids) - 1, budget)
+                if row_ids and used + steps > budget:
+                    ids.pop()
+                    break
+                row_ids.append(sample_id)
+                used += steps
+            if row_ids:
+                rows += pack([self._pool[i] for i in row_ids], [self.features.get(i) for i in row_ids], budget)
+        return (rows, len(ids)) if rows else None
