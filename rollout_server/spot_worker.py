@@ -1,10 +1,14 @@
-"""The spot worker beside a rollout server: while its server is idle it leases a slice of the
-job's drafter from the drafter service and carries the job's drafter training on
-(`tlt.drafter.continual`): features of new samples, training steps, a paired measure against the
-published version; it commits the candidate as a new version when it beats that version by
-more than the measure's noise. A generation request arriving at the server preempts a slice
-within one unit of work (a training micro-step, a held-out sequence, a batch of features): the
-lease is released and everything the slice did is kept for the next idle gap.
+"""The spot worker beside a rollout server: while its server is idle it carries the job's
+drafter training on (`tlt.drafter.continual`): features of new samples, training steps, a paired
+measure against the published version. A generation request arriving at the server preempts the
+slice within one unit of work (a training micro-step, a held-out sequence, a batch of features),
+and everything the slice did is kept for the next idle gap.
+
+A candidate that beats the published version by more than the measure's noise is committed as
+the next version under a lease of the drafter service, held only for the commit. Several
+workers of one job therefore train at once, each on its own idle server; when another one
+committed first, a worker rebases: its uncommitted change is added onto the newest version (as
+a rebased patch), measured against that version, and committed if it still wins.
 
 Features (the policy's last hidden states) come from the rollout server itself
 (`server_features`, before the slice trains); the worker then holds only the parts the drafter
@@ -42,7 +46,7 @@ from rollout_server.memory_handoff import (
     memory_saver_enabled,
     recover_hand_off,
 )
-from rollout_server.server_features import ServerFeatures
+from rollout_server.server_features import FeaturesUnavailable, ServerFeatures
 from tlt.drafter.continual import ContinualConfig, ContinualTraining, Sample, Verdict
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import training_sequence
@@ -73,7 +77,6 @@ class SpotWorkerConfig(BaseModel):
     features_per_request: int = Field(16, ge=1, le=1024, description="sequences per feature computation")
     training: DrafterTrainingConfig = Field(default_factory=lambda: spot_training(epochs=2))
     continual: ContinualConfig = Field(default_factory=ContinualConfig)
-    heartbeat_s: float = Field(5.0, gt=0, description="seconds between lease renewals (well below the lease TTL)")
     idle_grace_s: float = Field(0.25, ge=0, description="the server must stay idle this long first")
     min_new_samples: int = Field(32, ge=1, description="new samples that wake a worker whose data is used up")
     seed: int = 0
@@ -157,8 +160,7 @@ class SpotWorker:
         self._last_seen = "0-0"  # newest sample id in the training window
         self._stop = threading.Event()
         self._busy_since: float | None = None
-        self._lease: pb.LeaseRef | None = None
-        self._renewed = 0.0
+        self._ready: Verdict | None = None  # a measure that said commit, not committed yet
 
     def _load_policy(self, path: str) -> None:
         self.policy_config = AutoConfig.from_pretrained(path)
@@ -179,58 +181,73 @@ class SpotWorker:
             self._load_policy(served)
 
     def _check(self) -> None:
-        """Between two units of work: raise Preempted when the server has work; keep the lease."""
+        """Between two units of work: raise Preempted when the server has work."""
         if self.busy():
             self._busy_since = self._busy_since or time.monotonic()
             raise Preempted
-        if self._lease is not None and time.monotonic() - self._renewed > self.config.heartbeat_s:
-            self.stub.Heartbeat(self._lease, metadata=self.metadata)
-            self._renewed = time.monotonic()
 
     def run_slice(self) -> SliceResult:
-        """Lease, carry the training on, commit when the candidate beats the published version;
-        release otherwise (preempted, data used up)."""
-        grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
-        ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
-        result = SliceResult(base_version=grant.base_version, started_at=time.monotonic())
-        self._busy_since, self._lease, self._renewed = None, ref, time.monotonic()
+        """Carry the training on until a measure says commit (then commit), the data is used
+        up or the server gets work."""
+        result = SliceResult(base_version=self.training.base_version, started_at=time.monotonic())
+        self._busy_since = None
         steps_before = self.training.steps
         try:
-            if grant.base_version != self.training.base_version:
-                self.training.rebase(grant.base_version, self.channel.load(grant.base_version)[1])
-                steps_before = self.training.steps
-            self._refresh_window()
-            result.features = self._compute_features()
-            if self.training.needs_round:
-                self._follow_policy()
-            with self.hand_off():
-                verdict = self._advance(result)
-            if verdict is None or not verdict.commit:
-                self.stub.Release(ref, metadata=self.metadata)
-                return result
-            weights = save_blob(self.training.state())
-            result.version = commit(self.stub, grant.lease_id, grant.job_id, weights, result.accept_length, self.metadata)
-            self.training.committed(result.version)
-            logger.info("spot worker: committed v%d (%.3f -> %.3f, +-%.3f)", result.version, result.accept_length_before, result.accept_length, result.gain_standard_error)
+            self._follow_drafter()
+            result.base_version = self.training.base_version
+            if self._ready is None:
+                self._refresh_window()
+                result.features = self._compute_features()
+                if self.training.needs_round:
+                    self._follow_policy()
+                with self.hand_off():
+                    self._ready = self._advance(result)
+            if self._ready is not None:
+                self._report(result, self._ready)
+                result.version = self._commit(result)
         except (Preempted, ServerBusy):
             result.preempted = True
             result.preempt_latency_s = time.monotonic() - (self._busy_since or time.monotonic())
-            self.stub.Release(ref, metadata=self.metadata)
         except NoSamples as err:
-            logger.info("spot worker: %s; slice given back", err)
+            logger.info("spot worker: %s", err)
+        finally:
+            result.ended_at = time.monotonic()
+            result.steps = self.training.steps - steps_before
+            result.total_steps = self.training.steps
+        return result
+
+    def _follow_drafter(self) -> None:
+        """Train from the newest published version: the first one, or one another worker (or a
+        warm-up) committed; the uncommitted change carries over."""
+        latest = self.channel.latest_version()
+        if latest is None:
+            raise NoSamples("the job's drafter has no version yet")
+        if latest != self.training.base_version:
+            logger.info("spot worker: drafter v%d is the newest; rebasing onto it from v%d", latest, self.training.base_version)
+            self.training.rebase(latest, self.channel.load(latest)[1])
+            self._ready = None
+
+    def _commit(self, result: SliceResult) -> int | None:
+        """Commit the candidate as the version after its base, under a lease held for the commit
+        only; None when another worker holds the lease now (a later slice tries again) or
+        committed first (a later slice rebases)."""
+        grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
+        ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
+        if grant.base_version != self.training.base_version:
             self.stub.Release(ref, metadata=self.metadata)
+            return None
+        try:
+            version = commit(self.stub, grant.lease_id, grant.job_id, save_blob(self.training.state()), result.accept_length, self.metadata)
         except BaseException:
             try:
                 self.stub.Release(ref, metadata=self.metadata)
             except grpc.RpcError:
                 pass
             raise
-        finally:
-            self._lease = None
-            result.ended_at = time.monotonic()
-            result.steps = self.training.steps - steps_before
-            result.total_steps = self.training.steps
-        return result
+        logger.info("spot worker: committed v%d (%.3f -> %.3f, +-%.3f)", version, result.accept_length_before, result.accept_length, result.gain_standard_error)
+        self.training.committed(version)
+        self._ready = None
+        return version
 
     def _advance(self, result: SliceResult) -> Verdict | None:
         """Train and measure until a measure says commit or the data is used up."""
@@ -240,13 +257,18 @@ class SpotWorker:
             verdict = self.training.advance(self._check)
             if verdict is None:
                 return None
-            comparison = verdict.comparison
-            result.accept_length_before, result.accept_length = comparison.base, comparison.candidate
-            result.gain_standard_error = comparison.standard_error
+            self._report(result, verdict)
             result.measures += 1
             if verdict.commit:
                 return verdict
+            comparison = verdict.comparison
             logger.info("spot worker: candidate %.3f vs base %.3f (+-%.3f): not yet", comparison.candidate, comparison.base, comparison.standard_error)
+
+    @staticmethod
+    def _report(result: SliceResult, verdict: Verdict) -> None:
+        comparison = verdict.comparison
+        result.accept_length_before, result.accept_length = comparison.base, comparison.candidate
+        result.gain_standard_error = comparison.standard_error
 
     def _refresh_window(self) -> None:
         """The job's newest samples become the training window."""
@@ -266,9 +288,24 @@ class SpotWorker:
         for start in range(0, len(missing), step):
             self._check()
             group = missing[start : start + step]
-            for sample, features in zip(group, self.features([s.sequence.token_ids for s in group]), strict=True):
-                self.training.features.put(sample.sample_id, features.cpu())
+            try:
+                computed = self.features([s.sequence.token_ids for s in group])
+            except FeaturesUnavailable as err:  # seen when SGLang split a batched prefill: one at a time
+                logger.warning("spot worker: features of %d samples in one request failed (%s); one by one", len(group), err)
+                computed = [self._features_alone(sample) for sample in group]
+            for sample, features in zip(group, computed, strict=True):
+                if features is not None:
+                    self.training.features.put(sample.sample_id, features.cpu())
         return len(missing)
+
+    def _features_alone(self, sample: Sample) -> torch.Tensor | None:
+        self._check()
+        try:
+            return self.features([sample.sequence.token_ids])[0]
+        except FeaturesUnavailable as err:
+            logger.warning("spot worker: no features for sample %s (%s); left out", sample.sample_id, err)
+            self.training.discard(sample.sample_id)
+            return None
 
     def run_forever(self, poll_s: float = 0.2, on_slice: Callable[[SliceResult], None] | None = None) -> None:
         """Run slices whenever the server has been idle for the grace period and there is work:
@@ -285,13 +322,13 @@ class SpotWorker:
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since < self.config.idle_grace_s:
                     continue
-                if not self.training.has_work and self.samples.count_after(self._last_seen, self.config.min_new_samples) < self.config.min_new_samples:
+                if self._ready is None and not self.training.has_work and self.samples.count_after(self._last_seen, self.config.min_new_samples) < self.config.min_new_samples:
                     continue
                 result = self.run_slice()
                 if on_slice is not None:
                     on_slice(result)
-            except grpc.RpcError as err:  # leased elsewhere, service restarting: try later
-                logger.info("spot worker: no slice now (%s)", err.details())
+            except grpc.RpcError as err:  # leased elsewhere, service restarting: commit later
+                logger.info("spot worker: no commit now (%s)", err.details())
             except requests.RequestException as err:
                 logger.warning("spot worker: rollout server unreachable (%s)", err)
             except RedisError as err:  # Redis away for longer than the client's retries: try later

@@ -116,6 +116,41 @@ def test_used_up_data_stops_training_until_new_samples_arrive(policy_samples) ->
     assert training.steps > steps
 
 
+def test_a_new_window_is_trained_on_at_once(policy_samples) -> None:
+    """The training window moves on (a new RL step's samples replace the old): the pass in progress
+    is over, not a pass of samples that left the window."""
+    policy, samples, features = policy_samples
+    training = _training(policy, samples[:32], features, commit_z=100.0, round_evals=100, eval_steps=3)
+    assert training.start_round(PolicyParts(policy))
+    assert training.advance() is not None and training.steps == 3
+    assert training.add_samples(samples[32:]) == 32
+    for sample in training.missing_features():
+        training.features.put(sample.sample_id, features[sample.sample_id])
+    training.discard(samples[40].sample_id)
+    assert training.add_samples(samples[32:]) == 0 and samples[40].sample_id not in {s.sample_id for s in training.missing_features()}
+    assert training.advance() is not None and training.steps == 6
+
+
+def test_a_rebase_adds_the_uncommitted_change_onto_the_newer_version(policy_samples) -> None:
+    """Two workers train from v1 on their own data; one commits v2; the other's change since v1
+    lands on top of v2, so their work adds up."""
+    policy, samples, features = policy_samples
+    parts = PolicyParts(policy)
+    first, second = _training(policy, samples[:32], features, eval_steps=2), _training(policy, samples[32:], features, eval_steps=2)
+    v1 = first.state()
+    for training in (first, second):
+        assert training.start_round(parts)
+        training.advance()
+    v2 = first.state()
+    first.committed(2)
+    before = second.state()
+    second.rebase(2, v2)
+    assert second.base_version == 2 and second.needs_round
+    for name in v1:
+        torch.testing.assert_close(second.state()[name], v2[name] + before[name] - v1[name])
+    assert any(not torch.equal(second.state()[n], v2[n]) for n in v1)
+
+
 def test_the_paired_gain_and_its_clustered_error() -> None:
     comparison = paired_gain({"a": [1, 1], "b": [2, 2]}, {"a": [2, 2], "b": [2, 3]})
     assert comparison.gain == pytest.approx(0.75)

@@ -145,14 +145,24 @@ class ContinualTraining:
         self._cursor = 0
         self._passes = 0  # over the order, since the last new sample
         self._pool: dict[str, PolicySequence] = {}
+        self._discarded: set[str] = set()  # samples whose features cannot be had
         self.features = FeatureCache(int(config.feature_cache_mb * 2**20))
         self._round: _Round | None = None
         self._candidate_scores: dict[str, list[int]] = {}
 
     def rebase(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Train from `version` (the first one, or one another worker committed): its weights
-        replace the drafter's in place, so the optimizer's moments carry over."""
-        self.drafter.load_state_dict(state)
+        """Train from `version` (the first one, or one another worker committed). The change made
+        since the old base and not committed is added onto it, as a rebased patch, so the work of
+        two workers adds up; the weights are set in place, so the optimizer's moments carry over."""
+        own = self.drafter.state_dict()
+        if set(state) != set(own):
+            raise ValueError(f"drafter v{version}'s tensors are not this drafter's: {sorted(set(state) ^ set(own))[:4]}")
+        with torch.no_grad():
+            for name, tensor in own.items():
+                new = state[name].to(tensor.device, tensor.dtype)
+                if name in self._base_state:
+                    new = new + (tensor - self._base_state[name])
+                tensor.copy_(new)
         self._dtypes = {name: t.dtype for name, t in state.items()}
         self._set_base(version)
 
@@ -174,12 +184,19 @@ class ContinualTraining:
     def add_samples(self, window: Sequence[Sample]) -> int:
         """The newest samples of the job, oldest first: the training window from now on. Returns
         how many are new (new ones reset the count of passes)."""
+        window = [s for s in window if s.sample_id not in self._discarded]
         new = sum(1 for s in window if s.sample_id not in self._pool)
         self._pool = {s.sample_id: s.sequence for s in window}
+        self._discarded &= set(self._pool)
         self.features.retain(set(self._pool))
-        if new:
-            self._passes = 0
+        if new:  # a fresh pass over the new window
+            self._passes, self._order, self._cursor = 0, [], 0
         return new
+
+    def discard(self, sample_id: str) -> None:
+        """Leave a sample out for good (its features cannot be computed)."""
+        self._discarded.add(sample_id)
+        self._pool.pop(sample_id, None)
 
     def missing_features(self) -> list[Sample]:
         """Samples of the window whose features are not cached yet, newest first."""
@@ -265,11 +282,11 @@ class ContinualTraining:
         the order is used up), and how many entries of the order they use; None when
         `training.epochs` passes went by without a new sample."""
         rows: list[PackedBatch] = []
-        ids: list[str] = []
+        consumed = 0
         budget = self.training.tokens_per_row
         while len(rows) < self.training.rows_per_step:
-            if self._cursor + len(ids) >= len(self._order):
-                if ids:
+            if self._cursor + consumed >= len(self._order):
+                if rows:
                     break
                 if self._order:
                     self._passes += 1
@@ -277,21 +294,20 @@ class ContinualTraining:
                     return None
                 self._order = list(self._trainable())
                 random.Random(self.training.seed + self.steps).shuffle(self._order)
-                self._cursor = 0
+                self._cursor, consumed = 0, 0
                 if not self._order:
                     return None
-            row_ids, used = [], 0
-            while self._cursor + len(ids) < len(self._order):
-                sample_id = self._order[self._cursor + len(ids)]
-                ids.append(sample_id)
-                if sample_id not in self._pool or sample_id not in self.features:
-                    continue  # left the window since the pass began
-                steps = min(len(self._pool[sample_id].token_ids) - 1, budget)
-                if row_ids and used + steps > budget:
-                    ids.pop()
-                    break
-                row_ids.append(sample_id)
-                used += steps
+            row_ids: list[str] = []
+            used = 0
+            while self._cursor + consumed < len(self._order):
+                sample_id = self._order[self._cursor + consumed]
+                if sample_id in self._pool and sample_id in self.features:  # else: left the window
+                    steps = min(len(self._pool[sample_id].token_ids) - 1, budget)
+                    if row_ids and used + steps > budget:
+                        break
+                    row_ids.append(sample_id)
+                    used += steps
+                consumed += 1
             if row_ids:
                 rows += pack([self._pool[i] for i in row_ids], [self.features.get(i) for i in row_ids], budget)
-        return (rows, len(ids)) if rows else None
+        return rows, consumed
