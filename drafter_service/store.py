@@ -88,14 +88,10 @@ def checkpoint_files(request: api.RegisterDrafterRequest) -> tuple[str, dict[str
         return (base / "config.json").read_text(), load_file(str(base / "model.safetensors"))
     if not (Path(request.policy_path) / "config.json").is_file():
         raise ValueError("policy_path: no config.json (a fresh drafter is built from the policy's config)")
-    from transformers import AutoConfig
+    from tlt.drafter.model import export_fresh_drafter
 
-    from tlt.drafter.model import EagleDrafter, export_sglang_checkpoint
-
-    torch.manual_seed(0)
-    drafter = EagleDrafter(AutoConfig.from_pretrained(request.policy_path))
     with tempfile.TemporaryDirectory() as tmp:
-        export_sglang_checkpoint(drafter, Path(tmp))
+        export_fresh_drafter(Path(request.policy_path), Path(tmp))
         return (Path(tmp) / "config.json").read_text(), load_file(str(Path(tmp) / "model.safetensors"))
 
 

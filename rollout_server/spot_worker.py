@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 OUTAGE_BACKOFF_S = 2.0  # between tries while Redis or the drafter's latest version is unusable
 
 
-def spot_training(epochs: int, lr: float = 2e-3) -> DrafterTrainingConfig:
+def spot_training(epochs: int, lr: float = 1e-4) -> DrafterTrainingConfig:
     """Drafter training in small micro-steps: the worker gives the machine back between two."""
     return DrafterTrainingConfig(epochs=epochs, lr=lr, tokens_per_row=512, rows_per_step=1)
 
@@ -73,8 +73,11 @@ class SpotWorkerConfig(BaseModel):
     job_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     worker_id: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     policy_path: str
-    samples: int = Field(256, ge=8, le=100_000, description="the training window: the job's newest samples")
+    samples: int = Field(512, ge=8, le=100_000, description="the training window: the job's newest samples")
     features_per_request: int = Field(16, ge=1, le=1024, description="sequences per feature computation")
+    features_tokens: int = Field(
+        2048, ge=1, description="tokens per feature computation (SGLang returns a chunked prefill's hidden states short)"
+    )
     training: DrafterTrainingConfig = Field(default_factory=lambda: spot_training(epochs=2))
     continual: ContinualConfig = Field(default_factory=ContinualConfig)
     idle_grace_s: float = Field(0.25, ge=0, description="the server must stay idle this long first")
@@ -284,10 +287,8 @@ class SpotWorker:
         """Features of the window's new samples, a few per request, preemptible between two
         requests; outside the memory hand-off, because the server computes them."""
         missing = self.training.missing_features()
-        step = self.config.features_per_request
-        for start in range(0, len(missing), step):
+        for group in self._feature_groups(missing):
             self._check()
-            group = missing[start : start + step]
             try:
                 computed = self.features([s.sequence.token_ids for s in group])
             except FeaturesUnavailable as err:  # seen when SGLang split a batched prefill: one at a time
@@ -297,6 +298,19 @@ class SpotWorker:
                 if features is not None:
                     self.training.features.put(sample.sample_id, features.cpu())
         return len(missing)
+
+    def _feature_groups(self, samples: list[Sample]) -> Iterator[list[Sample]]:
+        group: list[Sample] = []
+        tokens = 0
+        for sample in samples:
+            size = len(sample.sequence.token_ids)
+            if group and (len(group) == self.config.features_per_request or tokens + size > self.config.features_tokens):
+                yield group
+                group, tokens = [], 0
+            group.append(sample)
+            tokens += size
+        if group:
+            yield group
 
     def _features_alone(self, sample: Sample) -> torch.Tensor | None:
         self._check()

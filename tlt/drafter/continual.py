@@ -45,7 +45,7 @@ class ContinualConfig(BaseModel):
     """How continual drafter training splits, measures and decides."""
 
     eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of samples (chosen by id) never trained on")
-    held_out: int = Field(32, ge=2, le=4096, description="held-out sequences a round measures on")
+    held_out: int = Field(64, ge=2, le=4096, description="held-out sequences a round measures on")
     draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
     eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
     eval_steps: int = Field(32, ge=1, description="training steps between two measures of the candidate")

@@ -133,6 +133,17 @@ class PolicyParts:
         return self.rotary_emb(like, position_ids)
 
 
+def export_fresh_drafter(policy_path: Path, out: Path) -> None:
+    """An untrained drafter for the policy, as an SGLang checkpoint: the same one wherever it is
+    made (seeded), so a rollout server's first drafter is the drafter service's version 1."""
+    from transformers import AutoConfig
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        drafter = EagleDrafter(AutoConfig.from_pretrained(policy_path))
+    export_sglang_checkpoint(drafter, out)
+
+
 def export_sglang_checkpoint(drafter: EagleDrafter, out: Path) -> None:
     """Write `config.json` + `model.safetensors` in SGLang's EAGLE draft layout (no embedding or
     head: SGLang's EAGLE worker shares the target's)."""

@@ -62,6 +62,10 @@ def read_connection(run_dir: Path) -> tuple[str, str] | None:
     return record["trainer"], record["token"]
 
 
+# A fresh drafter learns fast at this rate; the spot workers' default fine-tunes a trained one.
+FRESH_DRAFTER_LR = 2e-3
+
+
 class LocalCluster:
     """Starts the processes for `spec` (logs under `run_dir/logs`), stops them in reverse order.
     The trainer writes `runs_root/<job>/` (checkpoints, policy versions)."""
@@ -71,8 +75,6 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.config = config or ClusterConfig()
         self.auth_token = self.config.auth_token or secrets.token_urlsafe(32)
-        if self.config.speculative != "off" and spec.drafter_path is None:
-            raise ValueError("speculation needs the job's drafter_path (the servers' first drafter)")
         self.redis: EmbeddedRedis | None = None
         self.rollout_servers: list[RolloutServerProcess] = []
         self.spot_workers: list[SpotWorkerProcess] = []
@@ -112,7 +114,7 @@ class LocalCluster:
         self.drafter_service = GrpcServiceProcess("drafter_service", self.logs / "drafter_service.log", env=drafter_env)
         server_args = ["--random-seed", str(self.spec.seed), "--speculative", config.speculative, "--enable-metrics"]
         if config.speculative != "off":
-            server_args += ["--draft-model-path", str(self.spec.drafter_path), "--drafter-job", job]
+            server_args += ["--draft-model-path", str(self._first_drafter()), "--drafter-job", job]
         if config.spot_training:
             server_args += ["--samples-job", job]
         self.rollout_servers = [
@@ -131,7 +133,8 @@ class LocalCluster:
             for n, server in enumerate(self.rollout_servers):
                 worker_args = [
                     "--server-url", server.url, "--drafter-service", self.drafter_service.target, "--job-id", job,
-                    "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path), *config.spot_worker_args,
+                    "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path),
+                    *(["--lr", str(FRESH_DRAFTER_LR)] if self.spec.drafter_path is None else []), *config.spot_worker_args,
                 ]  # fmt: skip
                 spot_env = {**env, "TLT_SPOT_AUTH_TOKEN": self.auth_token}
                 worker = SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=spot_env).start(60)
@@ -160,6 +163,17 @@ class LocalCluster:
         self.processes.append(self.trainer.start(120))
         self._record(self.trainer.kind, self.trainer.process, self.trainer.port)
         self._write_connection()
+
+    def _first_drafter(self) -> Path:
+        """The servers' first drafter: the job's, or (no drafter_path) a fresh one, the same the
+        drafter service registers as version 1."""
+        if self.spec.drafter_path is not None:
+            return self.spec.drafter_path
+        from tlt.drafter.model import export_fresh_drafter  # torch: only for a job that needs it
+
+        fresh = self.run_dir / "fresh-drafter"
+        export_fresh_drafter(self.spec.model_path, fresh)
+        return fresh
 
     def _record(self, kind: str, process, port: int | None) -> None:
         with (self.run_dir / "processes.jsonl").open("a") as out:

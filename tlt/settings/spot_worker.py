@@ -34,15 +34,16 @@ class SpotWorkerSettings(DeviceSettings):
         description="pause the server and release its KV cache while a slice trains; auto: when the server "
         "runs with --enable-memory-saver (GPU)",
     )
-    samples: int = Field(256, ge=8, le=100_000, description="the training window: the job's newest samples")
+    samples: int = Field(
+        512, ge=8, le=100_000, description="the training window: the job's newest samples (two steps of the bundled job)"
+    )
     epochs: int = Field(2, ge=1, le=1000, description="passes over the same samples before the worker waits for new ones")
     lr: float = Field(
-        2e-3,
+        1e-4,
         gt=0,
         le=1.0,
-        description="AdamW learning rate of a slice; 2e-3 suits a fresh drafter, a converged one (e.g. after a "
-        "warm-up) keeps its held-out accept length only at about 2e-4 (a fresh optimiser's first steps at 2e-3 "
-        "undo some of it)",
+        description="AdamW learning rate, constant; 1e-4 fine-tunes a converged drafter (the bundled one loses "
+        "held-out accept length at 1e-3 and above), a fresh one learns fast at 2e-3",
     )
     min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples that wake a worker whose data is used up")
     commit_z: float = Field(
