@@ -41,7 +41,7 @@ test-quick: install $(HELM)
 
 # Every benchmark, one after the other (never beside tests: they share the cores), then the summary
 # table (benchmarks/results/summary.md, also put into the README). bench-quick: smoke-sized runs.
-BENCHMARKS := engine_vs_hf long_tail_rollout history_drafts spot_training rl_step trainer_memory
+BENCHMARKS := engine_vs_hf long_tail_rollout history_drafts spot_training drafter_adaptation rl_step trainer_memory
 bench: install
 	for b in $(BENCHMARKS); do $(PY) -m benchmarks.$$b || exit 1; done
 	$(PY) -m benchmarks.long_tail_rollout --rl

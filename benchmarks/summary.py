@@ -92,7 +92,30 @@ def _spot_rows(data: dict) -> list[tuple[str, str, str]]:
     ]
 
 
-BENCHMARKS = {"rl_step": _rl_rows, "long_tail_rollout": _rollout_rows, "engine_vs_hf": _engine_rows, "spot_training": _spot_rows}
+def _adaptation_rows(data: dict) -> list[tuple[str, str, str]]:
+    first, last = data["fresh_accept_first_to_last"]
+    frozen_first, frozen_last = data["fresh_frozen_accept_first_to_last"]
+    arms = data["arms"]
+    return [
+        (
+            "drafter adaptation: fresh drafter, tokens per verification, step 0 -> last 5 steps",
+            (
+                f"spot training {first:.2f} -> {last:.2f} (versions {arms['fresh drafter, spot training']['drafter_versions']}); "
+                f"frozen {frozen_first:.2f} -> {frozen_last:.2f}"
+            ),
+            f"step {data['fresh_step_ratio_frozen_over_spot']:.2f}x faster than frozen",
+        ),
+        ("drafter adaptation: spot workers' cost per RL step (bundled drafter)", "", f"{data['spot_cost_bundled']:+.1%}"),
+    ]
+
+
+BENCHMARKS = {
+    "rl_step": _rl_rows,
+    "long_tail_rollout": _rollout_rows,
+    "engine_vs_hf": _engine_rows,
+    "spot_training": _spot_rows,
+    "drafter_adaptation": _adaptation_rows,
+}
 
 
 def summary_table(quick: bool = False) -> str:

@@ -54,6 +54,7 @@ from tlt.drafter.training import DrafterTrainingConfig, policy_features
 from tlt.rollout.client import model_info, server_load
 from tlt.rpc.drafter_client import commit
 from tlt.store.samples_stream import SamplesStream
+from tlt.store.spot_progress import SpotProgress, SpotProgressBoard
 from tlt.store.weight_channel import BadBlob, WeightChannel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
@@ -164,6 +165,8 @@ class SpotWorker:
         self._stop = threading.Event()
         self._busy_since: float | None = None
         self._ready: Verdict | None = None  # a measure that said commit, not committed yet
+        self.progress = SpotProgressBoard(samples.client, config.job_id)
+        self.committed = 0
 
     def _load_policy(self, path: str) -> None:
         self.policy_config = AutoConfig.from_pretrained(path)
@@ -195,6 +198,7 @@ class SpotWorker:
         result = SliceResult(base_version=self.training.base_version, started_at=time.monotonic())
         self._busy_since = None
         steps_before = self.training.steps
+        self._post("training")
         try:
             self._follow_drafter()
             result.base_version = self.training.base_version
@@ -217,7 +221,19 @@ class SpotWorker:
             result.ended_at = time.monotonic()
             result.steps = self.training.steps - steps_before
             result.total_steps = self.training.steps
+            self._post("idle")
         return result
+
+    def _post(self, state: str) -> None:
+        """This worker's progress in Redis; a failed write never stops training."""
+        record = SpotProgress(
+            worker_id=self.config.worker_id, state=state, base_version=self.training.base_version,
+            steps=self.training.steps_since_base, committed=self.committed,
+        )  # fmt: skip
+        try:
+            self.progress.write(record)
+        except RedisError as err:
+            logger.warning("spot worker: progress not written (%s)", err)
 
     def _follow_drafter(self) -> None:
         """Train from the newest published version: the first one, or one another worker (or a
@@ -250,6 +266,7 @@ class SpotWorker:
         logger.info("spot worker: committed v%d (%.3f -> %.3f, +-%.3f)", version, result.accept_length_before, result.accept_length, result.gain_standard_error)
         self.training.committed(version)
         self._ready = None
+        self.committed += 1
         return version
 
     def _advance(self, result: SliceResult) -> Verdict | None:

@@ -72,7 +72,7 @@ def test_idle_server_trains_the_drafter_while_the_other_finishes(redis_server, t
                     tmp_path / f"worker-{n}.log",
                     args=[
                         "--server-url", s.url, "--drafter-service", service.target, "--job-id", job,
-                        "--worker-id", f"pod-{n}", "--policy-path", str(BUNDLED_MODEL), "--epochs", "8",
+                        "--worker-id", f"pod-{n}", "--policy-path", str(BUNDLED_MODEL), "--epochs", "8", "--lr", "2e-3",
                         "--min-new-samples", "100", "--idle-grace-s", "0.5",
                     ],
                     env=env,

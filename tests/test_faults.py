@@ -9,7 +9,6 @@ before the next kill) less the window's completed steps at the median undisturbe
 from __future__ import annotations
 
 import itertools
-import json
 import statistics
 import threading
 import time
@@ -25,6 +24,7 @@ from tlt.jobs.spec import JobSpec
 from tlt.local.cluster import ClusterConfig, LocalCluster
 from tlt.paths import BUNDLED_DRAFTER
 from tlt.rollout.client import model_info
+from tlt.store.spot_progress import SpotProgressBoard
 from tlt.store.weight_channel import WeightChannel
 from trainer.job_store import JobStore
 
@@ -90,9 +90,9 @@ def test_the_job_survives_a_kill_of_each_component(cluster: LocalCluster) -> Non
         return kill_then_restart(cluster.rollout_servers[1])
 
     def kill_spot_worker_mid_slice() -> threading.Thread:
-        lease_key = f"tlt:{SPEC.name}:drafter:lease"
-        lease = json.loads(_until(lambda: store.client.get(lease_key), 300, "a spot-training slice", poll_s=0.01))
-        return kill_then_restart(cluster.spot_workers[int(lease["worker_id"].removeprefix("rollout-"))])
+        board = SpotProgressBoard(store.client, SPEC.name)
+        training = _until(lambda: [p for p in board.read() if p.state == "training"], 300, "a spot-training slice", poll_s=0.01)
+        return kill_then_restart(cluster.spot_workers[int(training[0].worker_id.removeprefix("rollout-"))])
 
     def kill_drafter_service() -> threading.Thread:
         mid_step()

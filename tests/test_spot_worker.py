@@ -31,6 +31,7 @@ from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
 from tlt.paths import BUNDLED_MODEL
 from tlt.rollout.client import server_load
 from tlt.store.samples_stream import SamplesStream
+from tlt.store.spot_progress import SpotProgressBoard
 from tlt.store.weight_channel import WeightChannel
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
@@ -99,6 +100,8 @@ def test_an_idle_slice_commits_a_better_drafter(setup) -> None:
     info = worker.stub.GetDrafter(pb.DrafterRef(job_id=JOB))
     assert info.latest_version == result.version and info.active_lease_id == ""
     assert info.history[-1].accept_length == pytest.approx(result.accept_length)
+    progress = SpotProgressBoard(worker.samples.client, JOB).read()
+    assert [(p.worker_id, p.state, p.base_version, p.steps, p.committed) for p in progress] == [("pod-0", "idle", result.version, 0, 1)]
 
 
 def test_a_slice_preempted_several_times_still_commits(setup) -> None:

@@ -137,6 +137,7 @@ class ContinualTraining:
         self.drafter = EagleDrafter(policy_config).to(device)
         self.optimizer = new_optimizer(self.drafter, training)
         self.base_version = 0
+        self._base_steps = 0  # `steps` when the base was set
         self._base_state: dict[str, torch.Tensor] = {}
         self._dtypes: dict[str, torch.dtype] = {}  # a version's tensors keep their dtypes
         self.steps = 0
@@ -170,8 +171,13 @@ class ContinualTraining:
         """The candidate is published as `version`: it is the base from now on."""
         self._set_base(version)
 
+    @property
+    def steps_since_base(self) -> int:
+        """Training steps of the candidate not committed yet."""
+        return self.steps - self._base_steps
+
     def _set_base(self, version: int) -> None:
-        self.base_version = version
+        self.base_version, self._base_steps = version, self.steps
         self._base_state = {name: t.detach().clone() for name, t in self.drafter.state_dict().items()}
         self._round = None
         self._candidate_scores = {}
