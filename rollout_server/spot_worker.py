@@ -385,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
     from tlt.rpc.service import client_channel
     from tlt.settings.spot_worker import SpotWorkerSettings
     from tlt.store.connection import RedisSettings
+    from tlt.store.update_window import UpdateWindow
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -410,13 +411,18 @@ def main(argv: list[str] | None = None) -> None:
     hand_off: Callable[[], AbstractContextManager] = nullcontext
     if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):
         hand_off = functools.partial(MemoryHandOff, settings.server_url, marker=marker)
+    window = UpdateWindow(client, settings.job_id)
+
+    def busy() -> bool:
+        return server_load(settings.server_url) > 0 or (settings.yield_to_trainer and window.is_open())
+
     with client_channel(settings.drafter_service, settings.tls_ca_file) as channel:
         worker = SpotWorker(
             config,
             WeightChannel(client, settings.job_id, "drafter"),
             SamplesStream(client, settings.job_id),
             drafter_pb2_grpc.DrafterServiceStub(channel),
-            lambda: server_load(settings.server_url) > 0,
+            busy,
             metadata,
             features=ServerFeatures(settings.server_url).many if settings.features == "server" else None,
             hand_off=hand_off,

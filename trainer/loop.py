@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from pathlib import Path
 
@@ -51,10 +52,13 @@ class GrpoTrainer:
         device: str = "cpu",
         group: TrainerGroup | None = None,
         sharding: ShardingOptions | None = None,
+        update_window: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
         """A fresh policy from `spec.model_path`, or the policy, optimizer and RNG of a checkpoint,
-        trained on `device` (float32 master weights; bf16 autocast on CUDA)."""
+        trained on `device` (float32 master weights; bf16 autocast on CUDA). Each step's update
+        and publish run inside `update_window()` (e.g. `UpdateWindow.marked`)."""
         self.spec, self.pool, self.barrier, self.servers, self.group = spec, pool, barrier, servers, group
+        self.update_window = update_window
         if group is not None:
             job = {"spec": spec.model_dump(mode="json"), "resume_from": str(resume_from) if resume_from else None}
             group.command(Command.START_JOB, json.dumps(job).encode())
@@ -125,13 +129,14 @@ class GrpoTrainer:
         tail_s = finish_times[-1] - finish_times[int(0.9 * (len(finish_times) - 1))]
 
         samples, rewards_all, groups_used = self._score(problems, batch, completions)
-        train_start = time.monotonic()
-        metrics = self._update(samples)
-        train_s = time.monotonic() - train_start
+        with self.update_window():
+            train_start = time.monotonic()
+            metrics = self._update(samples)
+            train_s = time.monotonic() - train_start
 
-        stale = sum(1 for c in completions.values() if c.weight_version != str(self.version))
-        self.version += 1
-        publish_s = self.publish()
+            stale = sum(1 for c in completions.values() if c.weight_version != str(self.version))
+            self.version += 1
+            publish_s = self.publish()
 
         verify = sum(c.spec_verify_ct for c in completions.values())
         tokens = sum(len(c.output_ids) for c in completions.values())

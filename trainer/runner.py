@@ -19,6 +19,7 @@ from tlt.jobs.records import JobRecord, JobState
 from tlt.rollout.pool import RolloutPool
 from tlt.rpc.errors import Cancelled
 from tlt.settings.trainer import TrainerSettings
+from tlt.store.update_window import UpdateWindow
 from tlt.store.weight_channel import WeightChannel
 from trainer.checkpoints import latest_checkpoint, read_state
 from trainer.distributed import TrainerGroup
@@ -147,7 +148,8 @@ class JobRunner:
         try:
             self.store.transition(record, JobState.RUNNING, f"resuming from {checkpoint.name}" if checkpoint else "started")
             device = self.settings.resolved_device()
-            trainer = GrpoTrainer(spec, pool, barrier, self.discover, checkpoint, device, self.group, self.sharding)
+            window = UpdateWindow(self.store.client, job)
+            trainer = GrpoTrainer(spec, pool, barrier, self.discover, checkpoint, device, self.group, self.sharding, window.marked)
             self._train(record, trainer, root, checkpoint)
             self.store.transition(record, JobState.SUCCEEDED, f"{spec.steps} steps done")
         except Cancelled:
