@@ -103,7 +103,7 @@ def _adaptation_rows(data: dict) -> list[tuple[str, str, str]]:
                 f"spot training {first:.2f} -> {last:.2f} (versions {arms['fresh drafter, spot training']['drafter_versions']}); "
                 f"frozen {frozen_first:.2f} -> {frozen_last:.2f}"
             ),
-            f"step {data['fresh_step_ratio_frozen_over_spot']:.2f}x faster than frozen",
+            f"step time frozen / spot training {data['fresh_step_ratio_frozen_over_spot']:.2f}x",
         ),
         ("drafter adaptation: spot workers' cost per RL step (bundled drafter)", "", f"{data['spot_cost_bundled']:+.1%}"),
     ]

@@ -42,7 +42,7 @@ def test_the_servers_own_spot_worker_trains_is_restarted_and_stops_with_it(redis
         spot_env = {
             "TLT_SPOT_SERVER_URL": server.url, "TLT_SPOT_DRAFTER_SERVICE": service.target, "TLT_SPOT_JOB_ID": job,
             "TLT_SPOT_WORKER_ID": "pod-0", "TLT_SPOT_POLICY_PATH": str(BUNDLED_MODEL), "TLT_SPOT_IDLE_GRACE_S": "0.2",
-            "TLT_SPOT_MIN_NEW_SAMPLES": "8", "TLT_SPOT_SAMPLES": "64",
+            "TLT_SPOT_MIN_NEW_SAMPLES": "8", "TLT_SPOT_SAMPLES": "64", "TLT_SPOT_LR": "2e-3",  # a fresh drafter's rate
         }  # fmt: skip
         server.env = {**(server.env or {}), **spot_env}
         with server.start():
