@@ -127,7 +127,8 @@ def test_a_new_window_is_trained_on_at_once(policy_samples) -> None:
     for sample in training.missing_features():
         training.features.put(sample.sample_id, features[sample.sample_id])
     training.discard(samples[40].sample_id)
-    assert training.add_samples(samples[32:]) == 0 and samples[40].sample_id not in {s.sample_id for s in training.missing_features()}
+    for _ in range(2):  # left out for as long as it is in the window
+        assert training.add_samples(samples[32:]) == 0 and samples[40].sample_id not in {s.sample_id for s in training.missing_features()}
     assert training.advance() is not None and training.steps == 6
 
 

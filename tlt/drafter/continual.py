@@ -190,10 +190,10 @@ class ContinualTraining:
     def add_samples(self, window: Sequence[Sample]) -> int:
         """The newest samples of the job, oldest first: the training window from now on. Returns
         how many are new (new ones reset the count of passes)."""
+        self._discarded &= {s.sample_id for s in window}  # forget those that left the window
         window = [s for s in window if s.sample_id not in self._discarded]
         new = sum(1 for s in window if s.sample_id not in self._pool)
         self._pool = {s.sample_id: s.sequence for s in window}
-        self._discarded &= set(self._pool)
         self.features.retain(set(self._pool))
         if new:  # a fresh pass over the new window
             self._passes, self._order, self._cursor = 0, [], 0
