@@ -248,8 +248,8 @@ class SpotWorker:
 
     def _commit(self, result: SliceResult) -> int | None:
         """Commit the candidate as the version after its base, under a lease held for the commit
-        only; None when another worker holds the lease now (a later slice tries again) or
-        committed first (a later slice rebases)."""
+        only; None when another worker committed first (a later slice rebases). A lease held by
+        another worker raises `grpc.RpcError`; the candidate stays ready for a later slice."""
         grant = self.stub.Lease(pb.LeaseRequest(job_id=self.config.job_id, worker_id=self.config.worker_id), metadata=self.metadata)
         ref = pb.LeaseRef(lease_id=grant.lease_id, job_id=grant.job_id)
         if grant.base_version != self.training.base_version:
