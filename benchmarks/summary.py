@@ -28,21 +28,35 @@ def _load(name: str, quick: bool) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _spread(values: list[float], unit: str = " s") -> str:
+    """`mean unit (each repetition)`, or the one value of a single run."""
+    mean = statistics.fmean(values)
+    return f"{mean:.2f}{unit}" + (f" ({', '.join(f'{v:.2f}' for v in values)})" if len(values) > 1 else "")
+
+
 def _rl_rows(data: dict) -> list[tuple[str, str, str]]:
-    tlt, off = data["modes"].values()
-    rows = [
-        ("RL step, TLT vs SD off (same system)", f"{tlt['mean_step_s']:.2f} s vs {off['mean_step_s']:.2f} s", f"**{data['step_time_ratio_off_over_tlt']:.2f}x**"),
-        ("rollout / its tail (last 10%), TLT vs SD off", f"{tlt['mean_rollout_s']:.2f} / {tlt['mean_tail_s']:.2f} s vs {off['mean_rollout_s']:.2f} / {off['mean_tail_s']:.2f} s",
-         f"{data['rollout_time_ratio_off_over_tlt']:.2f}x / {data['tail_time_ratio_off_over_tlt']:.2f}x"),
-        ("rollout tokens per second, TLT vs SD off", f"{tlt['rollout_tokens_per_s']:,.0f} vs {off['rollout_tokens_per_s']:,.0f}", f"{data['rollout_rate_ratio_tlt_over_off']:.2f}x"),
-    ]  # fmt: skip
-    if "trl" in data:
-        trl = data["trl"]
-        rows.append(("RL step, TLT vs TRL `GRPOTrainer`", f"{tlt['mean_step_s']:.2f} s vs {trl['mean_step_s']:.2f} s", f"**{data['step_time_ratio_trl_over_tlt']:.2f}x**"))
+    arms = data["arms"]
+    off, tlt = arms["SD off"], arms["TLT"]
+    reps = f"mean of {data['reps']} interleaved runs (each run)" if data["reps"] > 1 else "one run"
+    rows = []
+    for name, arm in arms.items():
+        phases = " / ".join(f"{arm[k]:.2f}" for k in ("mean_rollout_s", "mean_tail_s", "mean_train_s", "mean_publish_s"))
+        rows.append((
+            f"RL step, {name}: {arm['runs_what']}",
+            f"{_spread(arm['mean_step_s_reps'])}; rollout / tail / update / publish {phases} s",
+            f"{off['mean_step_s'] / arm['mean_step_s']:.2f}x SD off's",
+        ))  # fmt: skip
+    ratio = data["tlt_over_off"]
+    rows.append((f"RL step, TLT vs SD off ({reps})", f"step {_spread(ratio['step_reps'], 'x')}, rollout {_spread(ratio['rollout_reps'], 'x')}, tail {_spread(ratio['tail_reps'], 'x')}", f"**{ratio['step']:.2f}x** (rollout {ratio['rollout']:.2f}x)"))
+    for name, part in data["contributions"].items():
+        rows.append((f"contribution of {name}", f"step {_spread(part['step_reps'], 'x')}, rollout {_spread(part['rollout_reps'], 'x')}", f"{part['step']:.2f}x"))
+    rows.append(("rollout tokens per second, TLT vs SD off", f"{tlt['rollout_tokens_per_s']:,.0f} vs {off['rollout_tokens_per_s']:,.0f}", f"{data['rollout_rate_ratio_tlt_over_off']:.2f}x"))
     halves = [f"TLT {tlt['reward_first_half']:.3f} -> {tlt['reward_second_half']:.3f}", f"SD off {off['reward_first_half']:.3f} -> {off['reward_second_half']:.3f}"]
     if "trl" in data:
-        halves.append(f"TRL {data['trl']['reward_first_half']:.3f} -> {data['trl']['reward_second_half']:.3f}")
-    rows.append((f"training reward, first -> second half of {len(tlt['steps'])} steps", "; ".join(halves), ""))
+        trl = data["trl"]
+        rows.append((f"RL step, TLT vs TRL `GRPOTrainer` ({trl['runs_what']}; {trl['reps']} run(s))", f"{tlt['mean_step_s']:.2f} s vs {_spread(trl['mean_step_s_reps'])}", f"**{data['step_time_ratio_trl_over_tlt']:.2f}x**"))
+        halves.append(f"TRL {trl['reward_first_half']:.3f} -> {trl['reward_second_half']:.3f}")
+    rows.append((f"training reward, first -> second half of {len(tlt['rewards'])} steps", "; ".join(halves), ""))
     for key, label in (("parity_tlt_vs_off", "SD off"), ("parity_tlt_vs_trl", "TRL")):
         if key in data:
             p = data[key]
@@ -53,11 +67,11 @@ def _rl_rows(data: dict) -> list[tuple[str, str, str]]:
                 f"Wilcoxon p={p['wilcoxon_p']:.2f}; {verdict} within +-{p['equivalent_within']}",
             ))  # fmt: skip
     versions: dict[int, list[float]] = defaultdict(list)
-    for step in tlt["steps"]:
+    for step in tlt["runs"][0]["steps"]:
         if step["spec_accept_length"] > 0:
             versions[step["drafter_version"]].append(step["spec_accept_length"])
     accept = ", ".join(f"v{v}: {statistics.fmean(a):.2f} ({len(a)} steps)" for v, a in sorted(versions.items()))
-    rows.append(("accept length per drafter version in the TLT run", accept or "none", ""))
+    rows.append(("accept length per drafter version in TLT's first run", accept or "none", ""))
     return rows
 
 

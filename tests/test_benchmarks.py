@@ -40,16 +40,21 @@ def test_spot_training_quick_measures_both_configurations() -> None:
     assert data["batch_s_with_worker"] > 0 and data["batch_s_without_worker"] > 0
 
 
-def test_rl_step_quick_runs_both_modes_and_trl_to_the_end() -> None:
+def test_rl_step_quick_runs_every_arm_and_trl_to_the_end() -> None:
     data = _run_quick("rl_step")
-    assert list(data["modes"]) == ["TLT (adaptive SD + spot-trained drafter)", "SD off"]
-    for mode in data["modes"].values():
-        assert mode["state"] == "SUCCEEDED" and [s["step"] for s in mode["steps"]] == [0, 1]
-    assert data["trl"]["state"] == "SUCCEEDED" and len(data["trl"]["rewards"]) == len(data["trl"]["step_s"]) == 2
+    assert list(data["arms"]) == ["SD off", "adaptive SD", "adaptive SD + history", "TLT"]
+    for arm in data["arms"].values():
+        (run,) = arm["runs"]
+        assert run["state"] == "SUCCEEDED" and [s["step"] for s in run["steps"]] == [0, 1]
+        assert arm["mean_step_s_reps"] == [run["mean_step_s"]] and arm["runs_what"]
+    assert data["trl"]["reps"] == 1 and len(data["trl"]["rewards"]) == 2
     assert data["step_time_ratio_trl_over_tlt"] > 0 and data["parity_tlt_vs_off"]["steps"] == 2
-    tlt, off = data["modes"].values()
-    assert all(s["spec_accept_length"] > 1.0 for s in tlt["steps"]) and all(s["spec_accept_length"] == 0 for s in off["steps"])
-    assert data["step_time_ratio_off_over_tlt"] > 0
+    accept = {name: [s["spec_accept_length"] for s in arm["runs"][0]["steps"]] for name, arm in data["arms"].items()}
+    assert all(a == 0 for a in accept["SD off"]) and all(a > 1.0 for name in list(accept)[1:] for a in accept[name])
+    assert set(data["contributions"]) == {
+        "adaptive SD (off / adaptive SD)", "history drafts (adaptive SD / + history)", "spot training (+ history / TLT)"
+    }  # fmt: skip
+    assert data["tlt_over_off"]["step"] > 0
     assert (RESULTS / "rl_step_quick.png").stat().st_size > 0
 
 

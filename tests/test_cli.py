@@ -63,6 +63,18 @@ def test_run_refuses_a_bad_job_file_naming_the_field(tmp_path: Path, text: str, 
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--history-arms", "[2, 2]"], "distinct draft lengths"), (["--history-arms", "2,4"], "JSON list"),
+     (["--history-arms", "[4]", "--speculative", "always"], "needs --speculative adaptive")],
+)  # fmt: skip
+def test_run_refuses_bad_history_arms_before_starting_anything(tmp_path: Path, args: list[str], message: str) -> None:
+    command = [*TLT, "run", *args, "--runs-dir", str(tmp_path / "runs")]
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 2 and message in " ".join(result.stderr.split()), result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 @pytest.mark.slow
 def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> None:
     """The README's main command, shortened to two steps on one server; policy versions go through

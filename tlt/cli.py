@@ -197,6 +197,19 @@ def rollout(
         )
 
 
+def _history_arms(text: str, speculative: Speculation) -> tuple[int, ...]:
+    """`--history-arms` checked here, before any process starts (the servers would refuse it later)."""
+    try:
+        arms = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise typer.BadParameter(f"--history-arms must be a JSON list of integers: {error}") from error
+    if not isinstance(arms, list) or not all(isinstance(a, int) and 1 <= a <= 16 for a in arms) or len(set(arms)) != len(arms):
+        raise typer.BadParameter(f"--history-arms must be distinct draft lengths in 1..16, got {text}")
+    if arms and speculative != "adaptive":
+        raise typer.BadParameter("--history-arms needs --speculative adaptive")
+    return tuple(arms)
+
+
 def _load_job(job_file: Path, **overrides) -> JobSpec:
     from pydantic import ValidationError
 
@@ -251,6 +264,9 @@ def run(
     steps: Annotated[int | None, typer.Option(min=1, help="override the job's number of RL steps")] = None,
     servers: Annotated[int, typer.Option(min=1, max=16, help="rollout server processes")] = 2,
     speculative: Annotated[Speculation, typer.Option(help="the servers' speculative decoding: off, always, adaptive")] = "adaptive",
+    history_arms: Annotated[
+        str, typer.Option(help="adaptive only: JSON list of history-draft lengths the bandit may pick beside EAGLE's, e.g. '[2,4,8]'")
+    ] = "[]",
     spot_training: Annotated[bool, typer.Option(help="spot workers retrain the drafter on idle servers")] = True,
     redis_url: Annotated[str | None, typer.Option(envvar="TLT_REDIS_URL", help="external Redis; default: an embedded one")] = None,
     runs_dir: Annotated[Path, typer.Option(help="runs/<job>/ gets metrics, checkpoints, logs and the report")] = Path("runs"),
@@ -278,6 +294,7 @@ def run(
     config = ClusterConfig(
         servers=servers,
         speculative=speculative,
+        history_arms=_history_arms(history_arms, speculative),
         spot_training=spot_training and speculative != "off",  # with SD off nothing uses the drafter
         redis_url=redis_url,
         redis_password=os.environ.get("TLT_REDIS_PASSWORD"),

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 class ClusterConfig:
     servers: int = 2
     speculative: Speculation = "adaptive"
+    history_arms: tuple[int, ...] = ()  # adaptive only: history-draft arms beside EAGLE's (their draft lengths)
     spot_training: bool = True  # spot workers train the job's drafter on idle servers
     redis_url: str | None = None  # external Redis; none: an embedded one
     redis_password: str | None = None
@@ -115,6 +116,8 @@ class LocalCluster:
         server_args = ["--random-seed", str(self.spec.seed), "--speculative", config.speculative, "--enable-metrics"]
         if config.speculative != "off":
             server_args += ["--draft-model-path", str(self._first_drafter()), "--drafter-job", job]
+        if config.history_arms:
+            server_args += ["--history-arms", json.dumps(list(config.history_arms))]
         if config.spot_training:
             server_args += ["--samples-job", job]
         self.rollout_servers = [
