@@ -37,7 +37,7 @@ def _spread(values: list[float], unit: str = " s") -> str:
 def _rl_rows(data: dict) -> list[tuple[str, str, str]]:
     arms = data["arms"]
     off, tlt = arms["SD off"], arms["TLT"]
-    reps = f"mean of {data['reps']} interleaved runs (each run)" if data["reps"] > 1 else "one run"
+    reps = f"ratio of means over {data['reps']} interleaved runs, each run's in brackets" if data["reps"] > 1 else "one run"
     rows = []
     for name, arm in arms.items():
         phases = " / ".join(f"{arm[k]:.2f}" for k in ("mean_rollout_s", "mean_tail_s", "mean_train_s", "mean_publish_s"))
