@@ -106,6 +106,24 @@ def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> No
     assert len(list((run_dir / "checkpoints" / "step-2" / "trainer_state_dcp").glob("*.distcp"))) == 2  # one per rank
 
 
+def test_drafter_fresh_writes_the_drafter_services_version_1(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from drafter_service.store import checkpoint_files
+    from tlt.paths import BUNDLED_MODEL
+    from tlt.rpc.drafter_api import RegisterDrafterRequest
+
+    out = tmp_path / "fresh"
+    result = subprocess.run([*TLT, "drafter", "fresh", "--model", str(BUNDLED_MODEL), "--out", str(out)], capture_output=True, text=True, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    config, tensors = checkpoint_files(RegisterDrafterRequest(job_id="j", policy_path=str(BUNDLED_MODEL)))
+    written = load_file(str(out / "model.safetensors"))
+    assert (out / "config.json").read_text() == config and written.keys() == tensors.keys()
+    assert all(written[name].equal(tensors[name]) for name in tensors)
+    refused = subprocess.run([*TLT, "drafter", "fresh", "--model", str(tmp_path), "--out", str(tmp_path / "x")], capture_output=True, text=True, check=False, timeout=120)
+    assert refused.returncode == 2 and "config.json" in refused.stdout and not (tmp_path / "x").exists()
+
+
 @pytest.mark.slow
 def test_drafter_train_writes_an_sglang_draft_and_its_history(tmp_path: Path) -> None:
     out = tmp_path / "drafter"

@@ -52,6 +52,12 @@ EVERY_FEATURE = {
     "tls.secretName": "tlt-tls",
 }
 CRD_KINDS = ("ScaledObject", "ServiceMonitor")
+FRESH_DRAFTER = {
+    "model.draftPath": "fresh",
+    "model.initContainers[0].name": "download",
+    "model.initContainers[0].image": "python:3.11-slim",
+    "model.initContainers[0].command[0]": "echo",
+}
 EXTERNAL_REDIS = {"redis.enabled": "false", "redis.external.url": "redis://redis.example:6379/0", "auth.existingSecret": "tlt-creds"}
 
 
@@ -93,7 +99,9 @@ def test_lint_strict() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("values", [{}, EVERY_FEATURE, EXTERNAL_REDIS], ids=["defaults", "every-feature", "external-redis"])
+@pytest.mark.parametrize(
+    "values", [{}, EVERY_FEATURE, FRESH_DRAFTER, EXTERNAL_REDIS], ids=["defaults", "every-feature", "fresh-drafter", "external-redis"]
+)
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 def test_rendered_objects_are_valid_kubernetes(values: dict[str, str], version: str, tmp_path: Path) -> None:
     rendered = tmp_path / "rendered.yaml"
@@ -257,6 +265,26 @@ def test_speculation_sidecars_and_policy_channel() -> None:
     assert not [o for o in disk if o["kind"] == "PersistentVolumeClaim"]  # the user's claim is used
 
 
+def test_a_fresh_drafter_is_written_in_each_rollout_pod_after_the_model_download() -> None:
+    objects = _render(FRESH_DRAFTER)
+    pod = _workload(objects, "-rollout")["spec"]["template"]["spec"]
+    download, fresh = pod["initContainers"]  # the model first: the drafter is built from its config
+    assert download["name"] == "download" and fresh["name"] == "fresh-drafter"
+    command = fresh["command"]
+    assert command[:6] == ["python", "-m", "tlt.cli", "drafter", "fresh", "--model"] and command[6] == "/models/policy"
+    out = command[command.index("--out") + 1]
+    server = _containers(_workload(objects, "-rollout"))["rollout-server"]
+    args = server["args"]
+    assert args[args.index("--draft-model-path") + 1] == out and args[args.index("--speculative") + 1] == "adaptive"
+    assert "--spot-worker" in args
+    mounts = {m["name"]: m for m in server["volumeMounts"]}
+    assert out.startswith(mounts["fresh-drafter"]["mountPath"] + "/") and mounts["fresh-drafter"]["readOnly"] is True
+    assert {m["name"] for m in fresh["volumeMounts"]} == {"models", "fresh-drafter"}
+    assert "emptyDir" in {v["name"]: v for v in pod["volumes"]}["fresh-drafter"]
+    trainer = _workload(objects, "-trainer")["spec"]["template"]["spec"]
+    assert [c["name"] for c in trainer["initContainers"]] == ["download"]
+
+
 def test_by_default_policies_go_through_a_shared_read_write_many_volume() -> None:
     """The Redis channel cannot carry a 7B policy; the default is the disk channel on a claim the
     chart creates (kept on uninstall), mounted read-only by every rollout pod."""
@@ -338,6 +366,7 @@ def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:
         ("job=bad name", "/job"),
         ("rollout.gpus=2", "additional properties"),
         ("redis.external.url=http://x", "/redis/external/url"),
+        ("model.draftPath=fresher", "/model/draftPath"),
     ],
 )
 def test_the_schema_refuses_bad_values(setting: str, complaint: str) -> None:

@@ -503,6 +503,22 @@ def drafter_train(
     console.print(f"SGLang EAGLE draft and history.json in {out}")
 
 
+@drafter_app.command("fresh")
+def drafter_fresh(
+    model: Annotated[Path, typer.Option(help="the policy (HF checkpoint: its config.json)")] = BUNDLED_MODEL,
+    out: Annotated[Path, typer.Option(help="where the SGLang EAGLE draft goes")] = Path("runs/fresh-drafter"),
+) -> None:
+    """Write an untrained drafter for the policy: the same one (seeded) that the drafter service
+    registers as version 1 of a job without `drafter_path`, so a server can start from it."""
+    from tlt.drafter.model import export_fresh_drafter
+
+    if not (model / "config.json").is_file():
+        console.print(f"[red]{model} has no config.json[/red]: a fresh drafter is built from the policy's config")
+        raise typer.Exit(2)
+    export_fresh_drafter(model, out)
+    console.print(f"fresh SGLang EAGLE draft for {model.name} in {out}")
+
+
 @drafter_app.command("warmup")
 def drafter_warmup(
     job: Annotated[str, typer.Option(help="the job whose drafter is warmed up (registered with the service)")],

@@ -96,14 +96,33 @@ topologySpreadConstraints:
 {{- .Values.trainer.sharedVolume.existingClaim | default (printf "%s-shared" (include "tlt.fullname" .)) -}}
 {{- end -}}
 
-{{/* init containers that fill the model volume (read-write), e.g. a download */}}
+{{/* init containers that fill the model volume (read-write), e.g. a download; with freshDrafter
+(rollout pods of model.draftPath "fresh") then one that writes an untrained drafter for the
+policy, the same the drafter service registers as version 1 of a job without drafter_path */}}
 {{- define "tlt.modelInit" -}}
-{{- if .Values.model.initContainers }}
+{{- $ctx := .ctx }}
+{{- if or $ctx.Values.model.initContainers .freshDrafter }}
 initContainers:
-  {{- range .Values.model.initContainers }}
-  - {{- toYaml (merge (deepCopy .) (dict "volumeMounts" (list (dict "name" "models" "mountPath" $.Values.model.mountPath)) "env" $.Values.extraEnv "envFrom" $.Values.extraEnvFrom "securityContext" $.Values.securityContext)) | nindent 4 }}
+  {{- range $ctx.Values.model.initContainers }}
+  - {{- toYaml (merge (deepCopy .) (dict "volumeMounts" (list (dict "name" "models" "mountPath" $ctx.Values.model.mountPath)) "env" $ctx.Values.extraEnv "envFrom" $ctx.Values.extraEnvFrom "securityContext" $ctx.Values.securityContext)) | nindent 4 }}
+  {{- end }}
+  {{- if .freshDrafter }}
+  - name: fresh-drafter
+    image: {{ include "tlt.image" $ctx }}
+    imagePullPolicy: {{ $ctx.Values.image.pullPolicy }}
+    command: [python, -m, tlt.cli, drafter, fresh, --model, {{ $ctx.Values.model.path | quote }}, --out, {{ include "tlt.freshDrafterPath" $ctx | quote }}]
+    volumeMounts:
+      - {name: models, mountPath: {{ $ctx.Values.model.mountPath }}, readOnly: true}
+      - {name: fresh-drafter, mountPath: /fresh-drafter}
+    securityContext:
+      {{- toYaml $ctx.Values.securityContext | nindent 6 }}
   {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* where a rollout pod's fresh drafter lives (an emptyDir, filled by its init container) */}}
+{{- define "tlt.freshDrafterPath" -}}
+/fresh-drafter/v1
 {{- end -}}
 
 {{/* pods restart when the settings change */}}
