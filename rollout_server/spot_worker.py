@@ -374,6 +374,16 @@ class SpotWorker:
         self._stop.set()
 
 
+def lower_priority(nice: int) -> None:
+    """Raise the nice value of every thread of this process to `nice` (Linux nice is per thread;
+    threads started later inherit it from the one that starts them)."""
+    if nice <= 0:
+        return
+    for task in Path("/proc/self/task").iterdir():
+        tid = int(task.name)
+        os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m rollout_server.spot_worker`: slices on the server's idle time until SIGTERM."""
     import signal
@@ -392,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = CliApp.run(SpotWorkerSettings, cli_args=sys.argv[1:] if argv is None else argv)
     except ValidationError as err:
         sys.exit(f"spot_worker: invalid settings:\n{err}")
+    lower_priority(settings.nice)
     torch.set_num_threads(settings.threads)
     client = RedisSettings().client()
     metadata = (("authorization", f"Bearer {settings.auth_token.get_secret_value()}"),) if settings.auth_token else ()

@@ -244,3 +244,23 @@ def test_a_worker_killed_while_its_server_is_paused_is_undone_by_its_successor(s
     answer = requests.post(f"{server.url}/generate", json=payload, timeout=60)
     assert answer.status_code == 200 and len(answer.json()["output_ids"]) == 8
     assert marker.get() is None and recover_hand_off(server.url, marker) is None
+
+
+LOWER_PRIORITY = """
+import os, threading
+from pathlib import Path
+from rollout_server.spot_worker import lower_priority
+started = threading.Event()
+threading.Thread(target=lambda: (started.set(), threading.Event().wait()), daemon=True).start()
+started.wait()
+lower_priority(int(os.environ["NICE"]))
+print(sorted({os.getpriority(os.PRIO_PROCESS, int(t.name)) for t in Path("/proc/self/task").iterdir()}))
+"""
+
+
+@pytest.mark.parametrize("nice", [0, 19])
+def test_lower_priority_reaches_threads_started_before_it(nice: int) -> None:
+    """Linux nice is per thread: a worker niced only on its main thread would train at full priority."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    out = subprocess.run([sys.executable, "-c", LOWER_PRIORITY], env={**os.environ, "NICE": str(nice)}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str([max(base, nice)])

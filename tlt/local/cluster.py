@@ -63,6 +63,10 @@ def read_connection(run_dir: Path) -> tuple[str, str] | None:
     return record["trainer"], record["token"]
 
 
+# Spot workers share the trainer's cores here: every thread of theirs, feature prefills included
+# (a local copy of the policy, not the server's prefill at normal priority), runs at the lowest
+# CPU priority. Measured on the bundled job: +3.7% per step, against +37% with server features.
+SHARED_CPU_SPOT_ENV = {"TLT_SPOT_NICE": "19", "TLT_SPOT_FEATURES": "local"}
 # A fresh drafter learns fast at this rate; the spot workers' default fine-tunes a trained one.
 FRESH_DRAFTER_LR = 2e-3
 
@@ -139,7 +143,8 @@ class LocalCluster:
                     "--worker-id", f"rollout-{n}", "--policy-path", str(self.spec.model_path),
                     *(["--lr", str(FRESH_DRAFTER_LR)] if self.spec.drafter_path is None else []), *config.spot_worker_args,
                 ]  # fmt: skip
-                spot_env = {**env, "TLT_SPOT_AUTH_TOKEN": self.auth_token}
+                shared_cpu = {k: v for k, v in SHARED_CPU_SPOT_ENV.items() if k not in os.environ}  # the user's own win
+                spot_env = {**shared_cpu, **env, "TLT_SPOT_AUTH_TOKEN": self.auth_token}
                 worker = SpotWorkerProcess(self.logs / f"spot-{n}.log", args=worker_args, env=spot_env).start(60)
                 self.spot_workers.append(worker)
                 self.processes.append(worker)

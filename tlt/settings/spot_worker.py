@@ -65,6 +65,13 @@ class SpotWorkerSettings(DeviceSettings):
         description="torch threads for training on the CPU; more than the cores left free makes OpenMP "
         "spin against the rollout server (measured: the slice stalled until its neighbour went idle)",
     )
+    nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="CPU priority of the worker's threads (Linux nice); 19 leaves the cores to everything else: "
+        "for workers that share the trainer's CPU, with features=local so the feature prefills are niced too",
+    )
     device: Device = Field(
         "auto",
         description="where slices train: on a GPU pod the GPU its idle server hands over (auto picks cuda when "
