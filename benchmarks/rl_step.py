@@ -28,11 +28,9 @@ from benchmarks.common import RESULTS, write_json
 from benchmarks.parity import reward_parity
 from benchmarks.trl_grpo import run_trl
 from tlt.jobs.spec import JobSpec
-from tlt.local.cluster import ClusterConfig
+from tlt.local.cluster import DEFAULT_HISTORY_ARMS, ClusterConfig
 from tlt.local.run import LocalRun, run_job_locally
 from tlt.paths import BUNDLED_JOB
-
-HISTORY_ARMS = (2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -53,13 +51,14 @@ ARMS = (
     ),
     Arm(
         "adaptive SD + history",
-        f"as adaptive SD, plus history-draft arms {list(HISTORY_ARMS)} (prompt group's token history)",
-        ClusterConfig(speculative="adaptive", history_arms=HISTORY_ARMS, spot_training=False),
+        f"as adaptive SD, plus history-draft arms {list(DEFAULT_HISTORY_ARMS)} (prompt group's token history)",
+        ClusterConfig(speculative="adaptive", history_arms=DEFAULT_HISTORY_ARMS, spot_training=False),
     ),
     Arm(
         "TLT",
-        "as adaptive SD + history, with the drafter retrained by spot workers in idle time (samples recorded)",
-        ClusterConfig(speculative="adaptive", history_arms=HISTORY_ARMS, spot_training=True),
+        "as adaptive SD + history, with the drafter retrained by spot workers in idle time (samples recorded): "
+        "`tlt run`'s defaults",
+        ClusterConfig(speculative="adaptive", history_arms=DEFAULT_HISTORY_ARMS, spot_training=True),
     ),
 )
 TRL = "TRL GRPOTrainer"

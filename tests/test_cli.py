@@ -75,6 +75,15 @@ def test_run_refuses_bad_history_arms_before_starting_anything(tmp_path: Path, a
     assert not (tmp_path / "runs").exists()
 
 
+def test_run_adds_the_default_history_arms_to_adaptive_speculation_only() -> None:
+    from tlt.cli import _history_arms
+    from tlt.local.cluster import DEFAULT_HISTORY_ARMS
+
+    assert _history_arms(None, "adaptive") == DEFAULT_HISTORY_ARMS and DEFAULT_HISTORY_ARMS
+    assert _history_arms(None, "always") == () and _history_arms(None, "off") == ()
+    assert _history_arms("[]", "adaptive") == () and _history_arms("[3, 5]", "adaptive") == (3, 5)
+
+
 @pytest.mark.slow
 def test_run_trains_the_bundled_job_and_writes_its_records(tmp_path: Path) -> None:
     """The README's main command, shortened to two steps on one server; policy versions go through

@@ -4,6 +4,7 @@ rendered objects. Needs the helm binary of `make helm` (.tools/helm, or $TLT_HEL
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from tlt.local.cluster import DEFAULT_HISTORY_ARMS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "tlt"
@@ -253,6 +256,12 @@ def test_speculation_sidecars_and_policy_channel() -> None:
     args = full["rollout-server"]["args"]
     assert args[args.index("--speculative") + 1] == "adaptive" and args[args.index("--drafter-job") + 1] == "tlt-job"
     assert "--spot-worker" in args and "--spot-worker" not in server_args
+    # History drafts beside EAGLE's, as `tlt run` has them; none without a drafter (SD off).
+    assert json.loads(args[args.index("--history-arms") + 1]) == list(DEFAULT_HISTORY_ARMS)
+    assert "--history-arms" not in server_args
+    for values in ({"rollout.historyArms": "null"}, {"rollout.speculative": "always"}):
+        args = _containers(_workload(_render({"model.draftPath": "/models/drafter", **values}), "-rollout"))["rollout-server"]["args"]
+        assert "--history-arms" not in args, values
     env = {e["name"]: e for e in full["rollout-server"]["env"]}
     assert env["TLT_SPOT_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name" and "TLT_SPOT_AUTH_TOKEN" in env
     values = {"model.draftPath": "/models/drafter", "trainer.policyChannel": "redis", "rollout.spotWorker.placement": "sidecar"}
@@ -367,6 +376,8 @@ def test_every_object_is_labelled_and_every_pod_runs_as_non_root() -> None:
         ("rollout.gpus=2", "additional properties"),
         ("redis.external.url=http://x", "/redis/external/url"),
         ("model.draftPath=fresher", "/model/draftPath"),
+        ("rollout.historyArms={2,2}", "/rollout/historyArms"),
+        ("rollout.historyArms={0}", "/rollout/historyArms"),
     ],
 )
 def test_the_schema_refuses_bad_values(setting: str, complaint: str) -> None:

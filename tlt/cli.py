@@ -24,7 +24,7 @@ from rich.table import Table
 from tlt.jobs.client import JobClient
 from tlt.jobs.records import JobEvent, StepMetrics
 from tlt.jobs.spec import JobSpec
-from tlt.local.cluster import CONNECTION_FILE, read_connection
+from tlt.local.cluster import CONNECTION_FILE, DEFAULT_HISTORY_ARMS, read_connection
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_JOB, BUNDLED_MODEL
 from tlt.rollout.stats import RolloutSummary, tail_time_share
 from tlt.settings.common import PolicyChannel, Speculation
@@ -197,8 +197,11 @@ def rollout(
         )
 
 
-def _history_arms(text: str, speculative: Speculation) -> tuple[int, ...]:
-    """`--history-arms` checked here, before any process starts (the servers would refuse it later)."""
+def _history_arms(text: str | None, speculative: Speculation) -> tuple[int, ...]:
+    """`--history-arms` checked here, before any process starts (the servers would refuse it later);
+    unset: DEFAULT_HISTORY_ARMS with adaptive speculation, none otherwise."""
+    if text is None:
+        return DEFAULT_HISTORY_ARMS if speculative == "adaptive" else ()
     try:
         arms = json.loads(text)
     except json.JSONDecodeError as error:
@@ -265,8 +268,13 @@ def run(
     servers: Annotated[int, typer.Option(min=1, max=16, help="rollout server processes")] = 2,
     speculative: Annotated[Speculation, typer.Option(help="the servers' speculative decoding: off, always, adaptive")] = "adaptive",
     history_arms: Annotated[
-        str, typer.Option(help="adaptive only: JSON list of history-draft lengths the bandit may pick beside EAGLE's, e.g. '[2,4,8]'")
-    ] = "[]",
+        str | None,
+        typer.Option(
+            help="adaptive only: JSON list of history-draft lengths the bandit may pick beside EAGLE's; "
+            f"default {list(DEFAULT_HISTORY_ARMS)} with --speculative adaptive, '[]' for EAGLE arms only",
+            show_default=False,
+        ),
+    ] = None,
     spot_training: Annotated[bool, typer.Option(help="spot workers retrain the drafter on idle servers")] = True,
     redis_url: Annotated[str | None, typer.Option(envvar="TLT_REDIS_URL", help="external Redis; default: an embedded one")] = None,
     runs_dir: Annotated[Path, typer.Option(help="runs/<job>/ gets metrics, checkpoints, logs and the report")] = Path("runs"),

@@ -34,6 +34,11 @@ from tlt.store.connection import RedisSettings
 
 logger = logging.getLogger(__name__)
 
+# The history-draft arms `tlt run` adds beside EAGLE's with adaptive SD (the chart's
+# rollout.historyArms too): 1.10x per RL step over EAGLE arms alone on the bundled job
+# (benchmarks/rl_step.py, faster in both repetitions).
+DEFAULT_HISTORY_ARMS: tuple[int, ...] = (2, 4, 8)
+
 
 @dataclass
 class ClusterConfig:
