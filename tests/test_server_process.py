@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from tlt.local.process import ServerStartError, ServiceProcess
+from tlt.local.process import ServerStartError, ServiceProcess, SpotWorkerProcess
 
 
 class Sleeper(ServiceProcess):
@@ -42,3 +43,30 @@ def test_kill_stops_it_at_once(tmp_path: Path) -> None:
     process = sleeper.process
     sleeper.kill()
     assert process.returncode == -9 and not sleeper.alive()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="kernel without autogroups")
+def test_session_nice_lowers_the_new_session_only(tmp_path: Path) -> None:
+    """With autogroups a thread's nice counts only inside its session: a spot worker must lower
+    its session's priority too, and never the session of whoever started it."""
+    ours = Path("/proc/self/autogroup").read_text()
+    sleeper = Sleeper(tmp_path / "log")
+    sleeper.session_nice = 19
+    with sleeper.start(timeout_s=10):
+        deadline = time.monotonic() + 10
+        while not (children := _children(sleeper.process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert Path(f"/proc/{children[0]}/autogroup").read_text().split()[-2:] == ["nice", "19"]  # the service under its guard
+    assert Path("/proc/self/autogroup").read_text() == ours
+
+
+def test_spot_worker_session_nice_follows_its_nice_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TLT_SPOT_NICE", raising=False)
+    assert SpotWorkerProcess(tmp_path / "log").session_nice == 0
+    assert SpotWorkerProcess(tmp_path / "log", env={"TLT_SPOT_NICE": "19"}).session_nice == 19
+    monkeypatch.setenv("TLT_SPOT_NICE", "7")
+    assert SpotWorkerProcess(tmp_path / "log").session_nice == 7

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -14,6 +15,8 @@ from types import TracebackType
 from typing import Self
 
 from tlt.rollout.client import RolloutClient
+
+logger = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -28,6 +31,22 @@ def guarded(argv: list[str]) -> list[str]:
     return [sys.executable, "-m", "tlt.local.guard", *argv]
 
 
+def lower_session_priority(pid: int, nice: int) -> None:
+    """Give the session that `pid` leads the CPU priority `nice` (Linux autogroup nice). With the
+    kernel's autogroups on (most desktop and server kernels), each session competes as one group
+    against other sessions and a thread's own nice counts only inside its session: a niced process
+    in a session of its own would still take a core's worth from the trainer. No-op where there
+    are no autogroups."""
+    if nice <= 0:
+        return
+    try:
+        Path(f"/proc/{pid}/autogroup").write_text(str(nice))
+    except FileNotFoundError:  # not Linux, or a kernel without CONFIG_SCHED_AUTOGROUP
+        pass
+    except OSError as err:  # a read-only /proc (some containers): the worker runs, only less politely
+        logger.warning("could not lower the CPU priority of session %d: %s", pid, err)
+
+
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time."""
 
@@ -37,6 +56,7 @@ class ServiceProcess:
     it is started and how it shows it is healthy."""
 
     kind = "service"
+    session_nice = 0  # > 0: the CPU priority of the process's whole session (lower_session_priority)
 
     def __init__(
         self, log_path: Path, port: int | None = None, args: Sequence[str] = (), env: dict[str, str] | None = None
@@ -65,6 +85,7 @@ class ServiceProcess:
                 env={**os.environ, **(self.env or {})},
                 start_new_session=True,  # servers spawn workers: stop them as one group
             )
+        lower_session_priority(self.process.pid, self.session_nice)  # the session is new: only ours
         try:
             self._wait_until_healthy(timeout_s)
         except BaseException:  # Ctrl-C or a failed start: leave no server behind
@@ -237,3 +258,6 @@ class SpotWorkerProcess(SidecarProcess):
 
     def __init__(self, log_path: Path, args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         super().__init__("rollout_server.spot_worker", log_path, args, env)
+        # The worker nices its own threads; its session must yield as well to leave the cores to
+        # the other sessions (trainer, servers) of a local cluster.
+        self.session_nice = int((env or {}).get("TLT_SPOT_NICE", os.environ.get("TLT_SPOT_NICE", "0")))
