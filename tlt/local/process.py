@@ -73,6 +73,10 @@ class ServiceProcess:
     def healthy(self) -> bool:
         raise NotImplementedError
 
+    def environment(self) -> dict[str, str]:
+        """The environment the process starts with: ours, with `env` over it."""
+        return {**os.environ, **(self.env or {})}
+
     def start(self, timeout_s: float = 300.0) -> Self:
         """Launch and wait until healthy; raises ServerStartError with the log's tail."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +86,7 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **(self.env or {})},
+                env=self.environment(),
                 start_new_session=True,  # servers spawn workers: stop them as one group
             )
         lower_session_priority(self.process.pid, self.session_nice)  # the session is new: only ours
@@ -258,6 +262,9 @@ class SpotWorkerProcess(SidecarProcess):
 
     def __init__(self, log_path: Path, args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
         super().__init__("rollout_server.spot_worker", log_path, args, env)
+
+    @property
+    def session_nice(self) -> int:  # type: ignore[override]
         # The worker nices its own threads; its session must yield as well to leave the cores to
         # the other sessions (trainer, servers) of a local cluster.
-        self.session_nice = int((env or {}).get("TLT_SPOT_NICE", os.environ.get("TLT_SPOT_NICE", "0")))
+        return int(self.environment().get("TLT_SPOT_NICE", "0"))
