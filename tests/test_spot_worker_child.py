@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +28,19 @@ pytestmark = pytest.mark.slow
 
 def _workers_in(group: int) -> list[int]:
     return [pid for pid, _ in live_in_groups({group}, b"rollout_server.spot_worker")]
+
+
+def _roll_out_until_a_commit(url: str, body: dict, channel: WeightChannel, batches: int = 4, wait_s: float = 120) -> None:
+    """Send rollout batches, as a job does, until the worker commits v2: a measure on one batch's
+    held-out samples may say "not yet", and the worker then waits for new samples."""
+    for _ in range(batches):
+        requests.post(f"{url}/generate", json=body, timeout=600).raise_for_status()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if (channel.latest_version() or 0) >= 2:
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"no slice of the server's own worker committed after {batches} rollout batches")
 
 
 def test_the_servers_own_spot_worker_trains_is_restarted_and_stops_with_it(redis_server, tmp_path: Path) -> None:
@@ -51,9 +65,8 @@ def test_the_servers_own_spot_worker_trains_is_restarted_and_stops_with_it(redis
             tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
             prompts = [tokenizer(p.prompt).input_ids for p in GcdTask().sample(32, seed=9, split="train")]
             body = {"input_ids": prompts, "sampling_params": {"max_new_tokens": 200, "temperature": 1.0}}
-            requests.post(f"{server.url}/generate", json=body, timeout=600).raise_for_status()
             channel = WeightChannel(redis_server.settings.client(), job, "drafter")
-            until(lambda: (channel.latest_version() or 0) >= 2, 300, "a slice of the server's own worker to commit")
+            _roll_out_until_a_commit(server.url, body, channel)
 
             os.kill(worker, signal.SIGKILL)
             (successor,) = until(lambda: [p for p in _workers_in(group) if p != worker], 30, "the spot worker's restart")
