@@ -7,13 +7,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def until(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2) -> object:
-    """The first truthy value of `condition()`, polled until `timeout_s` (then AssertionError)."""
+def poll(condition: Callable[[], object], timeout_s: float, poll_s: float = 0.2) -> object | None:
+    """The first truthy value of `condition()`, polled until `timeout_s`; None when none came."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if result := condition():
             return result
         time.sleep(poll_s)
+    return None
+
+
+def until(condition: Callable[[], object], timeout_s: float, what: str, poll_s: float = 0.2) -> object:
+    """The first truthy value of `condition()`, polled until `timeout_s` (then AssertionError)."""
+    if result := poll(condition, timeout_s, poll_s):
+        return result
     raise AssertionError(f"timed out waiting for {what}")
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from tests.processes import live_in_groups, until
+from tests.processes import live_in_groups, poll, until
 from tlt.local.process import GrpcServiceProcess, RolloutServerProcess
 from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 from tlt.store.weight_channel import WeightChannel
@@ -35,11 +34,8 @@ def _roll_out_until_a_commit(url: str, body: dict, channel: WeightChannel, batch
     held-out samples may say "not yet", and the worker then waits for new samples."""
     for _ in range(batches):
         requests.post(f"{url}/generate", json=body, timeout=600).raise_for_status()
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if (channel.latest_version() or 0) >= 2:
-                return
-            time.sleep(0.2)
+        if poll(lambda: (channel.latest_version() or 0) >= 2, wait_s):
+            return
     raise AssertionError(f"no slice of the server's own worker committed after {batches} rollout batches")
 
 
