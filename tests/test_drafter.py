@@ -22,6 +22,7 @@ from tlt.drafter.training import (
     policy_features,
     train_drafter,
 )
+from tlt.paths import BUNDLED_DRAFTER, BUNDLED_MODEL
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
@@ -88,18 +89,38 @@ def test_training_lowers_the_loss(policy) -> None:
 
 
 class _OracleDrafter(torch.nn.Module):
-    """Returns the policy's true next features: recovers token ids from their embeddings and runs
-    the policy. With it every greedy draft must be accepted."""
+    """Returns the policy's true next feature at each position (read back from the rotary
+    embedding it is given): along an accepted chain every greedy draft must then be accepted."""
 
-    def __init__(self, policy, first_token: int) -> None:
+    def __init__(self, policy, parts: PolicyParts, sequence: PolicySequence) -> None:
         super().__init__()
-        self.policy, self.first_token = policy, first_token
+        hidden = policy.model(input_ids=torch.tensor([sequence.token_ids])).last_hidden_state[0]
+        self.true_next = hidden[1:]  # at position t: f_{t+1}
+        self.table = parts.position_embeddings(hidden[None], torch.arange(len(hidden))[None])[0][0]
 
     def forward(self, token_embeds, features, position_embeddings, attention_mask):
-        table = self.policy.get_input_embeddings().weight
-        ids = torch.cdist(token_embeds[0], table).argmin(-1)
-        sequence = torch.cat([torch.tensor([self.first_token]), ids])
-        return self.policy.model(input_ids=sequence[None]).last_hidden_state[:, 1:]
+        positions = torch.cdist(position_embeddings[0][0], self.table).argmin(-1)
+        return self.true_next[positions][None]
+
+
+def _accept_lengths_one_start_at_a_time(drafter, parts, sequence, features, steps, starts) -> list[int]:
+    """The definition: each start drafts alone on its own true prefix, then on its own drafts."""
+    ids = torch.tensor(sequence.token_ids)
+    lengths = []
+    for p in starts:
+        tokens, feats, accepted = ids[1 : p + 2].clone(), features[: p + 1].clone(), 0
+        for i in range(steps):
+            embeds = parts.embed_tokens(tokens)[None]
+            mask = torch.ones(len(tokens), len(tokens), dtype=torch.bool).tril()[None, None]
+            positions = parts.position_embeddings(embeds, torch.arange(len(tokens))[None])
+            predicted = drafter(embeds, feats[None], positions, mask)[0, -1]
+            draft = int(parts.lm_head(predicted).argmax())
+            if draft != int(ids[p + 2 + i]):
+                break
+            accepted += 1
+            tokens, feats = torch.cat([tokens, torch.tensor([draft])]), torch.cat([feats, predicted[None]])
+        lengths.append(accepted + 1)
+    return lengths
 
 
 def test_accept_length_is_full_for_an_oracle_and_bounded_for_a_random_drafter(policy) -> None:
@@ -110,7 +131,29 @@ def test_accept_length_is_full_for_an_oracle_and_bounded_for_a_random_drafter(po
     starts = response_starts(sequence, steps=4)
     assert starts and all(p + 4 + 1 < len(sequence.token_ids) for p in starts)
     parts = PolicyParts(policy)
-    oracle = chain_accept_lengths(_OracleDrafter(policy, prompt[0]), parts, sequence, features, 4, starts)
+    oracle = chain_accept_lengths(_OracleDrafter(policy, parts, sequence), parts, sequence, features, 4, starts)
     assert oracle == [5] * len(starts)
     random_lengths = chain_accept_lengths(EagleDrafter(policy.config).eval(), parts, sequence, features, 4, starts)
     assert all(1 <= n <= 5 for n in random_lengths)
+
+
+@torch.no_grad()
+def test_drafting_all_starts_together_equals_drafting_each_alone() -> None:
+    """The bundled drafter on the bundled policy's own greedy responses: long accepted chains,
+    so every draft step of the packed layout is exercised."""
+    policy = AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    drafter = EagleDrafter(policy.config).eval()
+    drafter.load_state_dict(load_file(BUNDLED_DRAFTER / "model.safetensors"))
+    parts = PolicyParts(policy)
+    lengths = []
+    for prompt in ([3, 7, 9, 12, 4], [5, 6, 13], [8, 2, 11, 10]):
+        out = policy.generate(torch.tensor([prompt]), max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=0)
+        sequence = PolicySequence(out[0].tolist(), prompt_len=len(prompt))
+        features = policy_features(policy, sequence.token_ids)
+        for steps, every in ((4, 1), (2, 3)):
+            starts = response_starts(sequence, steps, every)
+            together = chain_accept_lengths(drafter, parts, sequence, features, steps, starts)
+            assert together == _accept_lengths_one_start_at_a_time(drafter, parts, sequence, features, steps, starts)
+            lengths += together
+    assert sum(lengths) / len(lengths) > 2.0 and max(lengths) == 5
+    assert chain_accept_lengths(drafter, parts, sequence, features, 4, []) == []

@@ -27,29 +27,55 @@ def chain_accept_lengths(
     steps: int,
     starts: Sequence[int],
 ) -> list[int]:
-    """Accept length at each start position p (a response position with `steps` tokens after)."""
+    """Accept length at each start position p (a response position with `steps` tokens after).
+
+    All starts draft together, one drafter forward per draft step: the true positions come
+    first, then each draft step's positions of the starts still accepting, each attending to its
+    start's true prefix and its own earlier drafts only. The drafter has one layer, so a
+    position's keys and values depend on its own input alone and this equals drafting each start
+    on its own prefix (in a loop that costs `len(starts)` times as many forwards)."""
+    if not starts:
+        return []
     device = features.device
     ids = torch.tensor(sequence.token_ids, device=device)
-    lengths = []
-    for p in starts:
-        tokens = ids[1 : p + 2].clone()  # x_1 .. x_{p+1}
-        feats = features[: p + 1].clone()  # f_0 .. f_p
-        accepted = 0
-        for i in range(steps):
-            width = len(tokens)
-            embeds = parts.embed_tokens(tokens)[None]
-            positions = torch.arange(width, device=device)[None]
-            mask = torch.ones(width, width, dtype=torch.bool, device=device).tril()[None, None]
-            with mixed_precision(device):
-                predicted = drafter(embeds, feats[None], parts.position_embeddings(embeds, positions), mask)[0, -1]
-                draft = int(parts.lm_head(predicted).argmax())
-            if draft != int(ids[p + 2 + i]):
-                break
-            accepted += 1
-            tokens = torch.cat([tokens, torch.tensor([draft], device=device)])
-            feats = torch.cat([feats, predicted[None].to(feats.dtype)])
-        lengths.append(accepted + 1)
-    return lengths
+    start = torch.tensor(list(starts), device=device)
+    width = int(start.max()) + 1  # true positions 0..max p: token x_{t+1} with feature f_t
+    true_tokens, true_feats = ids[1 : width + 1], features[:width]
+    accepted = torch.zeros(len(start), dtype=torch.long, device=device)
+    alive = torch.arange(len(start), device=device)  # the starts whose drafts all matched so far
+    blocks: list[tuple[torch.Tensor, torch.Tensor]] = []  # per draft step after the first: (tokens, features) of `alive`
+    for i in range(steps):
+        p = start[alive]
+        tokens = torch.cat([true_tokens, *(t for t, _ in blocks)])
+        feats = torch.cat([true_feats, *(f for _, f in blocks)])
+        positions = torch.cat([torch.arange(width, device=device), *(p + 1 + b for b in range(len(blocks)))])
+        embeds = parts.embed_tokens(tokens)[None]
+        mask = _draft_mask(width, p, len(blocks))
+        with mixed_precision(device):
+            hidden = drafter(embeds, feats[None], parts.position_embeddings(embeds, positions[None]), mask)[0]
+            predicted = hidden[p] if not blocks else hidden[width + (len(blocks) - 1) * len(p) :]
+            draft = parts.lm_head(predicted).argmax(-1)
+        match = draft == ids[p + 2 + i]
+        accepted[alive[match]] += 1
+        if i == steps - 1 or not bool(match.any()):
+            break
+        alive = alive[match]
+        blocks = [(t[match], f[match]) for t, f in blocks]
+        blocks.append((draft[match], predicted[match].to(feats.dtype)))
+    return (accepted + 1).tolist()
+
+
+def _draft_mask(width: int, anchors: torch.Tensor, depth: int) -> torch.Tensor:
+    """(1, 1, W, W) boolean: true positions causal among themselves; the draft position of block
+    b for start s (p = anchors[s]) sees true positions <= p and blocks <= b of the same start."""
+    device = anchors.device
+    n = len(anchors)
+    owner = torch.cat([torch.full((width,), -1, device=device), torch.arange(n, device=device).repeat(depth)])
+    block = torch.cat([torch.full((width,), -1, device=device), torch.arange(depth, device=device).repeat_interleave(n)])
+    anchor = torch.cat([torch.arange(width, device=device), anchors.repeat(depth)])
+    sees_true = torch.arange(width, device=device)[None, :] <= anchor[:, None]
+    sees_draft = (owner[:, None] == owner[None, width:]) & (block[None, width:] <= block[:, None]) & (owner[:, None] >= 0)
+    return torch.cat([sees_true, sees_draft], dim=1)[None, None]
 
 
 def response_starts(sequence: PolicySequence, steps: int, every: int = 1) -> list[int]:
