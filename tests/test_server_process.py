@@ -64,9 +64,11 @@ def test_session_nice_lowers_the_new_session_only(tmp_path: Path) -> None:
     assert Path("/proc/self/autogroup").read_text() == ours
 
 
-def test_spot_worker_session_nice_follows_its_nice_setting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("TLT_SPOT_NICE", raising=False)
-    assert SpotWorkerProcess(tmp_path / "log").session_nice == 0
-    assert SpotWorkerProcess(tmp_path / "log", env={"TLT_SPOT_NICE": "19"}).session_nice == 19
-    monkeypatch.setenv("TLT_SPOT_NICE", "7")
+def test_spot_worker_session_nice_is_opt_in_and_apart_from_the_threads_nice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TLT_SPOT_SESSION_NICE", raising=False)
+    assert SpotWorkerProcess(tmp_path / "log", env={"TLT_SPOT_NICE": "19"}).session_nice == 0
+    assert SpotWorkerProcess(tmp_path / "log", env={"TLT_SPOT_SESSION_NICE": "19"}).session_nice == 19
+    monkeypatch.setenv("TLT_SPOT_SESSION_NICE", "7")
     assert SpotWorkerProcess(tmp_path / "log").session_nice == 7

@@ -70,9 +70,9 @@ def read_connection(run_dir: Path) -> tuple[str, str] | None:
 
 # Spot workers share the trainer's cores here: every thread of theirs, feature prefills included
 # (a local copy of the policy, not the server's prefill at normal priority), runs at the lowest
-# CPU priority, and so does the worker's session (SpotWorkerProcess: a thread's nice counts only
-# inside its session where the kernel has autogroups). Measured on the bundled job before the
-# session was niced: +3.7% per step, against +37% with server features.
+# CPU priority. Measured on the bundled job: +3.7% per step, against +37% with server features.
+# Their session keeps its normal priority (TLT_SPOT_SESSION_NICE, opt-in): niced as well, the
+# workers of a fresh drafter got too little CPU to commit once in a 30-step job.
 SHARED_CPU_SPOT_ENV = {"TLT_SPOT_NICE": "19", "TLT_SPOT_FEATURES": "local"}
 # A fresh drafter learns fast at this rate; the spot workers' default fine-tunes a trained one.
 FRESH_DRAFTER_LR = 2e-3

@@ -265,6 +265,7 @@ class SpotWorkerProcess(SidecarProcess):
 
     @property
     def session_nice(self) -> int:  # type: ignore[override]
-        # The worker nices its own threads; its session must yield as well to leave the cores to
-        # the other sessions (trainer, servers) of a local cluster.
-        return int(self.environment().get("TLT_SPOT_NICE", "0"))
+        # Opt-in: a niced session also yields to the other sessions (trainer, servers) of a local
+        # cluster, but on 2 cores it then gets so little CPU that a fresh drafter never learns
+        # (README, "What it costs").
+        return int(self.environment().get("TLT_SPOT_SESSION_NICE", "0"))
