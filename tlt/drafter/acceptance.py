@@ -74,7 +74,7 @@ def _draft_mask(width: int, anchors: torch.Tensor, depth: int) -> torch.Tensor:
     block = torch.cat([torch.full((width,), -1, device=device), torch.arange(depth, device=device).repeat_interleave(n)])
     anchor = torch.cat([torch.arange(width, device=device), anchors.repeat(depth)])
     sees_true = torch.arange(width, device=device)[None, :] <= anchor[:, None]
-    sees_draft = (owner[:, None] == owner[None, width:]) & (block[None, width:] <= block[:, None]) & (owner[:, None] >= 0)
+    sees_draft = (owner[:, None] == owner[None, width:]) & (block[None, width:] <= block[:, None])  # true rows own -1
     return torch.cat([sees_true, sees_draft], dim=1)[None, None]
 
 
