@@ -47,7 +47,7 @@ from rollout_server.memory_handoff import (
     recover_hand_off,
 )
 from rollout_server.server_features import FeaturesUnavailable, ServerFeatures
-from tlt.drafter.continual import ContinualConfig, ContinualTraining, Sample, Verdict
+from tlt.drafter.continual import ContinualConfig, ContinualTraining, Sample, Verdict, sample_owner
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import training_sequence
 from tlt.drafter.training import DrafterTrainingConfig, policy_features
@@ -61,6 +61,7 @@ from tlt.v1 import drafter_pb2_grpc
 
 logger = logging.getLogger(__name__)
 OUTAGE_BACKOFF_S = 2.0  # between tries while Redis or the drafter's latest version is unusable
+HEARTBEAT_S = 30.0  # between two progress records of an idle worker (they expire after TTL_S)
 
 
 def spot_training(epochs: int, lr: float = 1e-4) -> DrafterTrainingConfig:
@@ -83,6 +84,11 @@ class SpotWorkerConfig(BaseModel):
     continual: ContinualConfig = Field(default_factory=ContinualConfig)
     idle_grace_s: float = Field(0.25, ge=0, description="the server must stay idle this long first")
     min_new_samples: int = Field(32, ge=1, description="new samples that wake a worker whose data is used up")
+    split_samples: bool = Field(
+        True,
+        description="train on this worker's share of the window only (split by sample id among the job's workers "
+        "on the progress board), so no two workers compute the same features or repeat each other's steps",
+    )
     seed: int = 0
 
 
@@ -166,6 +172,7 @@ class SpotWorker:
         self._busy_since: float | None = None
         self._ready: Verdict | None = None  # a measure that said commit, not committed yet
         self.progress = SpotProgressBoard(samples.client, config.job_id)
+        self._posted_at = 0.0  # time.monotonic() of the last progress record
         self.committed = 0
 
     def _load_policy(self, path: str) -> None:
@@ -188,6 +195,8 @@ class SpotWorker:
 
     def _check(self) -> None:
         """Between two units of work: raise Preempted when the server has work."""
+        if time.monotonic() - self._posted_at > HEARTBEAT_S:  # a long slice stays on the board
+            self._post("training")
         if self.busy():
             self._busy_since = self._busy_since or time.monotonic()
             raise Preempted
@@ -203,7 +212,7 @@ class SpotWorker:
             self._follow_drafter()
             result.base_version = self.training.base_version
             if self._ready is None:
-                self._refresh_window()
+                self.refresh_window()
                 result.features = self._compute_features()
                 if self.training.needs_round:
                     self._follow_policy()
@@ -230,6 +239,7 @@ class SpotWorker:
             worker_id=self.config.worker_id, state=state, base_version=self.training.base_version,
             steps=self.training.steps_since_base, committed=self.committed,
         )  # fmt: skip
+        self._posted_at = time.monotonic()
         try:
             self.progress.write(record)
         except RedisError as err:
@@ -290,15 +300,21 @@ class SpotWorker:
         result.accept_length_before, result.accept_length = comparison.base, comparison.candidate
         result.gain_standard_error = comparison.standard_error
 
-    def _refresh_window(self) -> None:
-        """The job's newest samples become the training window."""
+    def refresh_window(self) -> list[Sample]:
+        """This worker's share of the job's newest samples becomes the training window; returns it.
+        The share is by sample id among the workers on the progress board (this one included),
+        so a worker that joins, stops or stays silent past the board's TTL moves only its own share."""
         entries = self.samples.latest_entries(self.config.samples)
         window = [Sample(i, seq) for i, record in entries if (seq := training_sequence(record)) is not None]
+        if self.config.split_samples:
+            workers = {p.worker_id for p in self.progress.read()} | {self.config.worker_id}
+            window = [s for s in window if sample_owner(s.sample_id, workers) == self.config.worker_id]
         self.training.add_samples(window)
         if entries:
             self._last_seen = entries[-1][0]
         if not self.training.has_work:
             raise NoSamples(f"nothing to train on: {len(window)} usable samples, all used")
+        return window
 
     def _compute_features(self) -> int:
         """Features of the window's new samples, a few per request, preemptible between two
@@ -345,8 +361,11 @@ class SpotWorker:
         # busy again (until its next check) should delay the rollouts as little as possible.
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         idle_since: float | None = None
+        self._post("idle")  # on the board before the first slice: the other workers leave it a share
         while not self._stop.wait(poll_s):
             try:
+                if time.monotonic() - self._posted_at > HEARTBEAT_S:
+                    self._post("idle")
                 if self.busy():
                     idle_since = None
                     continue
@@ -369,6 +388,10 @@ class SpotWorker:
                 logger.warning("spot worker: drafter version unreadable (%s); retrying", err)
                 self._stop.wait(OUTAGE_BACKOFF_S)
             idle_since = None
+        try:
+            self.progress.remove(self.config.worker_id)
+        except RedisError as err:  # its record expires instead
+            logger.warning("spot worker: progress not removed (%s)", err)
 
     def stop(self) -> None:
         self._stop.set()
@@ -413,6 +436,7 @@ def main(argv: list[str] | None = None) -> None:
         samples=settings.samples,
         idle_grace_s=settings.idle_grace_s,
         min_new_samples=settings.min_new_samples,
+        split_samples=settings.split_samples,
         continual=ContinualConfig(commit_z=settings.commit_z),
         training=spot_training(settings.epochs, settings.lr),
     )

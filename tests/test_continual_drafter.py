@@ -1,6 +1,7 @@
 """Continual drafter training (`tlt.drafter.continual`) on the bundled model's own samples: a
 training preempted many times ends exactly where an uninterrupted one does and commits a better
-drafter; data used up stops it until new samples come; the paired comparison and the split."""
+drafter; data used up stops it until new samples come; the paired comparison, the split and
+the workers' shares."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tlt.drafter.continual import (
     Sample,
     Verdict,
     is_held_out,
+    sample_owner,
 )
 from tlt.drafter.model import EagleDrafter, PolicyParts
 from tlt.drafter.training import DrafterTrainingConfig, PolicySequence, policy_features
@@ -173,3 +175,17 @@ def test_the_split_follows_the_id_and_the_cache_its_bound() -> None:
     assert len(cache) == 3 and "0" not in cache and "4" in cache and cache.bytes == 1200
     cache.retain({"4"})
     assert len(cache) == 1 and cache.bytes == 400
+
+
+def test_workers_share_the_samples_evenly_and_a_leaving_worker_moves_only_its_own() -> None:
+    ids = [f"{t}-{s}" for t in range(1000, 2500) for s in range(2)]
+    workers = ["rollout-0", "rollout-1", "rollout-2"]  # names of one length, as a CRC would have split them all one way
+    owners = {i: sample_owner(i, workers) for i in ids}
+    for worker in workers:
+        assert abs(list(owners.values()).count(worker) / len(ids) - 1 / 3) < 0.03
+    assert owners == {i: sample_owner(i, list(reversed(workers))) for i in ids}  # the order of the board is no matter
+    after = {i: sample_owner(i, workers[:2]) for i in ids}
+    assert all(after[i] == owners[i] for i in ids if owners[i] != "rollout-2")
+    assert {sample_owner(i, ["rollout-0"]) for i in ids} == {"rollout-0"}
+    with pytest.raises(ValueError):
+        sample_owner("1-0", [])

@@ -13,15 +13,18 @@ measured on that set, paired with the base's cached score, and it is worth commi
 beats the base by `commit_z` standard errors. A round ends with a commit, a rebase (another
 worker committed) or `round_evals` evaluations that did not beat the base; the next one takes the
 policy parts the server serves then and the newest held-out samples. Which side of the split a
-sample is on follows from its id, so no slice ever trains on a sample another held out.
+sample is on follows from its id, so no slice ever trains on a sample another held out. Which
+worker of a job trains on (or measures with) a sample follows from its id too (`sample_owner`), so
+the workers of one job split the feature prefills, the training and the measures between them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -76,6 +79,15 @@ class Verdict:
 def is_held_out(sample_id: str, fraction: float) -> bool:
     """The sample's side of the split, the same in every worker and slice."""
     return zlib.crc32(sample_id.encode()) % 10_000 < fraction * 10_000
+
+
+def sample_owner(sample_id: str, workers: Collection[str]) -> str:
+    """The worker, of `workers`, whose share `sample_id` is: rendezvous hashing, so the shares
+    are even and a worker that joins or leaves moves only its own share. A cryptographic hash,
+    not CRC-32: CRC is affine, so which of two workers wins would be the same for every sample."""
+    if not workers:
+        raise ValueError("no worker to own the sample")
+    return max(workers, key=lambda worker: hashlib.blake2b(f"{worker}\0{sample_id}".encode(), digest_size=8).digest())
 
 
 class FeatureCache:

@@ -46,6 +46,11 @@ class SpotWorkerSettings(DeviceSettings):
         "held-out accept length at 1e-3 and above), a fresh one learns fast at 2e-3",
     )
     min_new_samples: int = Field(32, ge=1, le=100_000, description="new samples that wake a worker whose data is used up")
+    split_samples: bool = Field(
+        True,
+        description="train on this worker's share of the samples only (split by sample id among the job's live "
+        "workers), so the workers of a job never compute the same features twice; off: each trains on all",
+    )
     commit_z: float = Field(
         2.0, ge=0, le=10, description="commit a candidate when its paired held-out gain over the published version is this many standard errors"
     )

@@ -1,6 +1,7 @@
 """Each spot worker's progress, `tlt:{job}:spot:{worker}` (JSON, expiring): what it is doing and
 how far its uncommitted training has come, for operators and for tests that must catch a worker
-mid-slice (its lease is held only for a commit)."""
+mid-slice (its lease is held only for a commit). The records present are also the job's live
+workers, among which the samples are split."""
 
 from __future__ import annotations
 
@@ -31,6 +32,10 @@ class SpotProgressBoard:
 
     def write(self, progress: SpotProgress) -> None:
         self.client.set(self.prefix + progress.worker_id, progress.model_dump_json(), ex=TTL_S)
+
+    def remove(self, worker_id: str) -> None:
+        """The worker stopped: its share of the samples goes to the others at once."""
+        self.client.delete(self.prefix + worker_id)
 
     def read(self) -> list[SpotProgress]:
         keys = sorted(self.client.scan_iter(match=self.prefix + "*", count=100))
