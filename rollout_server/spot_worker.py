@@ -55,6 +55,7 @@ from tlt.rollout.client import model_info, server_load
 from tlt.rpc.drafter_client import commit
 from tlt.store.samples_stream import SamplesStream
 from tlt.store.spot_progress import SpotProgress, SpotProgressBoard
+from tlt.store.update_window import UpdateSlots
 from tlt.store.weight_channel import BadBlob, WeightChannel
 from tlt.v1 import drafter_pb2 as pb
 from tlt.v1 import drafter_pb2_grpc
@@ -152,15 +153,17 @@ class SpotWorker:
         policy_source: Callable[[], str] | None = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
+        update_slots: UpdateSlots | None = None,
     ) -> None:
         """`features`: the policy's features of token sequences (e.g. `ServerFeatures.many`; default:
         the local policy copy);
         `hand_off`: a context the slice trains in (e.g. `MemoryHandOff`);
         `policy_source`: where the policy now being served lives (e.g. `served_model_path`): the
         drafter's embedding and head follow it when the trainer publishes a new version;
-        `device`, `dtype`: where the drafter trains, and the dtype of the borrowed parts (the serving one)."""
+        `device`, `dtype`: where the drafter trains, and the dtype of the borrowed parts (the serving one);
+        `update_slots`: inside the trainer's update window the worker works only while it holds one."""
         self.config, self.channel, self.samples, self.stub = config, channel, samples, stub
-        self.busy, self.metadata, self.hand_off = busy, metadata, hand_off
+        self.busy, self.metadata, self.hand_off, self.update_slots = busy, metadata, hand_off, update_slots
         self.policy_source = policy_source
         self.device, self.dtype, self.local_features = torch.device(device), dtype, features is None
         self.policy_path = ""
@@ -197,9 +200,12 @@ class SpotWorker:
         """Between two units of work: raise Preempted when the server has work."""
         if time.monotonic() - self._posted_at > HEARTBEAT_S:  # a long slice stays on the board
             self._post("training")
-        if self.busy():
+        if self._busy():
             self._busy_since = self._busy_since or time.monotonic()
             raise Preempted
+
+    def _busy(self) -> bool:
+        return self.busy() or (self.update_slots is not None and not self.update_slots.allowed())
 
     def run_slice(self) -> SliceResult:
         """Carry the training on until a measure says commit (then commit), the data is used
@@ -230,6 +236,7 @@ class SpotWorker:
             result.ended_at = time.monotonic()
             result.steps = self.training.steps - steps_before
             result.total_steps = self.training.steps
+            self._release_slot()
             self._post("idle")
         return result
 
@@ -366,13 +373,14 @@ class SpotWorker:
             try:
                 if time.monotonic() - self._posted_at > HEARTBEAT_S:
                     self._post("idle")
-                if self.busy():
+                if self._busy():
                     idle_since = None
                     continue
                 idle_since = idle_since or time.monotonic()
                 if time.monotonic() - idle_since < self.config.idle_grace_s:
                     continue
                 if self._ready is None and not self.training.has_work and self.samples.count_after(self._last_seen, self.config.min_new_samples) < self.config.min_new_samples:
+                    self._release_slot()  # nothing to do: a worker with work may have it
                     continue
                 result = self.run_slice()
                 if on_slice is not None:
@@ -392,6 +400,13 @@ class SpotWorker:
             self.progress.remove(self.config.worker_id)
         except RedisError as err:  # its record expires instead
             logger.warning("spot worker: progress not removed (%s)", err)
+
+    def _release_slot(self) -> None:
+        if self.update_slots is not None:
+            try:
+                self.update_slots.release()
+            except RedisError as err:  # the slot expires instead
+                logger.warning("spot worker: update slot not released (%s)", err)
 
     def stop(self) -> None:
         self._stop.set()
@@ -418,7 +433,6 @@ def main(argv: list[str] | None = None) -> None:
     from tlt.rpc.service import client_channel
     from tlt.settings.spot_worker import SpotWorkerSettings
     from tlt.store.connection import RedisSettings
-    from tlt.store.update_window import UpdateWindow
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -446,10 +460,10 @@ def main(argv: list[str] | None = None) -> None:
     hand_off: Callable[[], AbstractContextManager] = nullcontext
     if settings.release_memory == "on" or (settings.release_memory == "auto" and memory_saver_enabled(settings.server_url)):
         hand_off = functools.partial(MemoryHandOff, settings.server_url, marker=marker)
-    window = UpdateWindow(client, settings.job_id)
+    slots = None if settings.update_slots is None else UpdateSlots(client, settings.job_id, settings.update_slots)
 
     def busy() -> bool:
-        return server_load(settings.server_url) > 0 or (settings.yield_to_trainer and window.is_open())
+        return server_load(settings.server_url) > 0
 
     with client_channel(settings.drafter_service, settings.tls_ca_file) as channel:
         worker = SpotWorker(
@@ -464,6 +478,7 @@ def main(argv: list[str] | None = None) -> None:
             policy_source=lambda: served_model_path(settings.server_url),
             device=settings.resolved_device(),
             dtype=getattr(torch, settings.resolved_dtype()),
+            update_slots=slots,
         )
         signal.signal(signal.SIGTERM, lambda *_: worker.stop())
 

@@ -19,7 +19,7 @@ from tlt.local.redis_server import EmbeddedRedis
 from tlt.paths import BUNDLED_MODEL
 from tlt.store.connection import RedisSettings
 from tlt.store.samples_stream import SampleRecord, SamplesStream
-from tlt.store.update_window import UpdateWindow
+from tlt.store.update_window import UpdateSlots, UpdateWindow
 from tlt.store.weight_channel import WeightChannel
 from tlt.tasks import GcdTask
 from tlt.v1 import drafter_pb2 as pb
@@ -114,3 +114,24 @@ def test_the_update_window_is_open_exactly_while_the_trainer_marks_it(redis_serv
         assert not UpdateWindow(redis_server.settings.client(), "other-job").is_open()
         raise RuntimeError("the update failed")
     assert not window.is_open()  # closed even when the update raised
+
+
+def test_inside_the_update_window_only_the_slot_holders_work(redis_server) -> None:
+    client = redis_server.settings.client()
+    window = UpdateWindow(client, "slots-job")
+    first, second = UpdateSlots(client, "slots-job", 1), UpdateSlots(client, "slots-job", 1)
+    assert first.allowed() and second.allowed()  # outside the window: everyone
+    with window.marked():
+        assert first.allowed() and not second.allowed()
+        assert first.allowed() and not second.allowed()  # kept while asked for
+        first.release()
+        assert second.allowed() and not first.allowed()
+        assert UpdateSlots(client, "slots-job", 2).allowed()  # a second slot
+        assert not UpdateSlots(client, "slots-job", 0).allowed()
+        expiring = UpdateSlots(client, "other-job", 1, ttl_s=0.2)
+        late = UpdateSlots(client, "other-job", 1)
+        with UpdateWindow(client, "other-job").marked():
+            assert expiring.allowed() and not late.allowed()
+            time.sleep(0.4)  # its holder stopped asking (killed): the slot frees itself
+            assert late.allowed() and not expiring.allowed()
+    assert second.allowed() and not client.exists("tlt:slots-job:trainer:update-slot:0")  # the window closed: given back

@@ -54,10 +54,14 @@ class SpotWorkerSettings(DeviceSettings):
     commit_z: float = Field(
         2.0, ge=0, le=10, description="commit a candidate when its paired held-out gain over the published version is this many standard errors"
     )
-    yield_to_trainer: bool = Field(
-        False,
-        description="stay out of the trainer's policy-update window (tlt:{job}:trainer:updating): for workers "
-        "that share the trainer's CPU, as in tlt run; on a cluster the update is the rollout pods' idle time",
+    update_slots: int | None = Field(
+        None,
+        ge=0,
+        le=1024,
+        description="at most this many workers of the job train inside the trainer's policy-update window "
+        "(tlt:{job}:trainer:updating): for workers that share the trainer's CPU, as in tlt run (the cores "
+        "the trainer leaves free; 0: stay out of it); unset: no limit, as on a cluster, where the update is "
+        "the rollout pods' idle time",
     )
     idle_grace_s: float = Field(
         0.25, ge=0, le=3600, description="the server must stay idle this long first (a preempted slice loses nothing)"
