@@ -5,24 +5,17 @@ worker that stops leaves the board at once, its share going back to the other.""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rollout_server.spot_worker import SpotWorker, SpotWorkerConfig
+from tests.processes import until
 from tlt.paths import BUNDLED_MODEL
 from tlt.store.samples_stream import SampleRecord, SamplesStream
 from tlt.store.spot_progress import SpotProgressBoard
 from tlt.store.weight_channel import WeightChannel
 
 JOB = "shares"
-
-
-def _wait_for(condition, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _worker(client, worker_id: str, split: bool = True) -> SpotWorker:
@@ -53,11 +46,11 @@ def test_workers_of_a_job_train_on_disjoint_shares_of_its_samples(redis_server) 
     board = SpotProgressBoard(client, JOB)
     first, second = _worker(client, "rollout-0"), _worker(client, "rollout-1")
     with _polling(first):
-        _wait_for(lambda: [p.worker_id for p in board.read()] == ["rollout-0"])
+        until(lambda: [p.worker_id for p in board.read()] == ["rollout-0"], 20, "the first worker on the board", 0.05)
         everything = _ids(first.refresh_window())
         assert len(everything) == 60
         with _polling(second):
-            _wait_for(lambda: len(board.read()) == 2)
+            until(lambda: len(board.read()) == 2, 20, "both workers on the board", 0.05)
             shares = _ids(first.refresh_window()), _ids(second.refresh_window())
             assert shares[0] | shares[1] == everything and not shares[0] & shares[1]
             assert min(map(len, shares)) >= 15  # even, up to the hash's spread
