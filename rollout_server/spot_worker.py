@@ -47,7 +47,14 @@ from rollout_server.memory_handoff import (
     recover_hand_off,
 )
 from rollout_server.server_features import FeaturesUnavailable, ServerFeatures
-from tlt.drafter.continual import ContinualConfig, ContinualTraining, Sample, Verdict, sample_owner
+from tlt.drafter.continual import (
+    ContinualConfig,
+    ContinualTraining,
+    Sample,
+    Verdict,
+    is_held_out,
+    sample_owner,
+)
 from tlt.drafter.model import PolicyParts
 from tlt.drafter.slice import training_sequence
 from tlt.drafter.training import DrafterTrainingConfig, policy_features
@@ -88,7 +95,8 @@ class SpotWorkerConfig(BaseModel):
     split_samples: bool = Field(
         True,
         description="train on this worker's share of the window only (split by sample id among the job's workers "
-        "on the progress board), so no two workers compute the same features or repeat each other's steps",
+        "on the progress board), so no two workers compute the same features or repeat each other's steps; "
+        "every worker measures on all the held-out samples",
     )
     seed: int = 0
 
@@ -308,14 +316,19 @@ class SpotWorker:
         result.gain_standard_error = comparison.standard_error
 
     def refresh_window(self) -> list[Sample]:
-        """This worker's share of the job's newest samples becomes the training window; returns it.
-        The share is by sample id among the workers on the progress board (this one included),
-        so a worker that joins, stops or stays silent past the board's TTL moves only its own share."""
+        """This worker's share of the job's newest samples, and all of its held-out ones, become
+        the training window; returns it. The share is by sample id among the workers on the
+        progress board (this one included), so a worker that joins, stops or stays silent past the
+        board's TTL moves only its own share. The held-out samples are not split: with a share of
+        them each, n workers would each test a commit on 1/n of the held-out sequences."""
         entries = self.samples.latest_entries(self.config.samples)
         window = [Sample(i, seq) for i, record in entries if (seq := training_sequence(record)) is not None]
         if self.config.split_samples:
             workers = {p.worker_id for p in self.progress.read()} | {self.config.worker_id}
-            window = [s for s in window if sample_owner(s.sample_id, workers) == self.config.worker_id]
+            fraction = self.config.continual.eval_fraction
+            window = [
+                s for s in window if is_held_out(s.sample_id, fraction) or sample_owner(s.sample_id, workers) == self.config.worker_id
+            ]
         self.training.add_samples(window)
         if entries:
             self._last_seen = entries[-1][0]

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from tlt.drafter.comparison import paired_gain
 from tlt.drafter.continual import (
@@ -175,6 +175,18 @@ def test_the_split_follows_the_id_and_the_cache_its_bound() -> None:
     assert len(cache) == 3 and "0" not in cache and "4" in cache and cache.bytes == 1200
     cache.retain({"4"})
     assert len(cache) == 1 and cache.bytes == 400
+
+
+def test_only_the_newest_held_out_samples_are_kept_so_no_others_features_are_computed() -> None:
+    training = ContinualTraining(
+        AutoConfig.from_pretrained(BUNDLED_MODEL), ContinualConfig(held_out=4), DrafterTrainingConfig(), torch.device("cpu")
+    )
+    window = [Sample(f"{1000 + n}-0", PolicySequence([5, 6, 7, 8], 2)) for n in range(200)]
+    training.add_samples(window)
+    held = [s.sample_id for s in window if is_held_out(s.sample_id, 0.2)]
+    assert len(held) > 4
+    trained = {s.sample_id for s in window} - set(held)
+    assert {s.sample_id for s in training.missing_features()} == trained | set(held[-4:])
 
 
 def test_workers_share_the_samples_evenly_and_a_leaving_worker_moves_only_its_own() -> None:

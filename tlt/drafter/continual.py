@@ -14,8 +14,9 @@ beats the base by `commit_z` standard errors. A round ends with a commit, a reba
 worker committed) or `round_evals` evaluations that did not beat the base; the next one takes the
 policy parts the server serves then and the newest held-out samples. Which side of the split a
 sample is on follows from its id, so no slice ever trains on a sample another held out. Which
-worker of a job trains on (or measures with) a sample follows from its id too (`sample_owner`), so
-the workers of one job split the feature prefills, the training and the measures between them.
+worker of a job trains on a sample follows from its id too (`sample_owner`), so the workers of one
+job split the feature prefills and the training between them; every worker measures on the same
+held-out samples, so the commit test's power does not shrink as the fleet grows.
 """
 
 from __future__ import annotations
@@ -201,9 +202,12 @@ class ContinualTraining:
 
     def add_samples(self, window: Sequence[Sample]) -> int:
         """The newest samples of the job, oldest first: the training window from now on. Returns
-        how many are new (new ones reset the count of passes)."""
+        how many are new (new ones reset the count of passes). Of the held-out samples only the
+        newest `held_out` are kept: a round measures on no others, so no other's features are computed."""
         self._discarded &= {s.sample_id for s in window}  # forget those that left the window
-        window = [s for s in window if s.sample_id not in self._discarded]
+        held = [s.sample_id for s in window if is_held_out(s.sample_id, self.config.eval_fraction)]
+        unused = set(held[: -self.config.held_out])
+        window = [s for s in window if s.sample_id not in self._discarded and s.sample_id not in unused]
         new = sum(1 for s in window if s.sample_id not in self._pool)
         self._pool = {s.sample_id: s.sequence for s in window}
         self.features.retain(set(self._pool))

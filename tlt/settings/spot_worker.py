@@ -49,7 +49,8 @@ class SpotWorkerSettings(DeviceSettings):
     split_samples: bool = Field(
         True,
         description="train on this worker's share of the samples only (split by sample id among the job's live "
-        "workers), so the workers of a job never compute the same features twice; off: each trains on all",
+        "workers), so the workers of a job never compute the same training features twice (the held-out "
+        "samples are measured on by every worker); off: each trains on all",
     )
     commit_z: float = Field(
         2.0, ge=0, le=10, description="commit a candidate when its paired held-out gain over the published version is this many standard errors"
