@@ -16,6 +16,7 @@ from pydantic_settings import CliApp
 
 from rollout_server import cpu
 from rollout_server.adaptive_policy import adaptive_config_file
+from rollout_server.cpu.fork_start import fork_sglang_children
 from rollout_server.drafter_swap import DRAFTER_JOB_ENV
 from rollout_server.sample_recorder import SAMPLES_JOB_ENV
 from rollout_server.sglang_args import bandit_config, sglang_argv
@@ -87,6 +88,8 @@ def serve(settings: RolloutServerSettings) -> None:
     from sglang.srt.utils import kill_process_tree
 
     load_plugins()
+    if settings.resolved_device() == "cpu":
+        fork_sglang_children(settings.cpu_threads)
     with tempfile.TemporaryDirectory(prefix="tlt-rollout-") as scratch:
         adaptive_config = None
         if settings.speculative == "adaptive":

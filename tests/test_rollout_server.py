@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import psutil
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -72,3 +73,14 @@ def test_logprobs_match_transformers_log_softmax(served_model) -> None:
         reference = log_probs[positions, sequence[0, len(prompt) :]]
         assert completion.logprobs is not None
         assert torch.allclose(torch.tensor(completion.logprobs), reference, atol=1e-4, rtol=0)
+
+
+def test_sglang_children_are_forked_from_the_launcher_on_the_cpu(served_model) -> None:
+    """Forked, not spawned (each spawned child re-imports SGLang: seconds per server start)."""
+    _, _, server = served_model
+    (launcher,) = psutil.Process(server.process.pid).children()  # under tlt.local.guard
+    children = launcher.children()
+    assert len(children) >= 2, children  # the scheduler and the detokenizer
+    for child in children:
+        # A spawned child runs `python -c "from multiprocessing.spawn import spawn_main; ..."`.
+        assert child.cmdline() == launcher.cmdline()
