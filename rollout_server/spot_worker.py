@@ -52,7 +52,6 @@ from tlt.drafter.continual import (
     ContinualTraining,
     Sample,
     Verdict,
-    is_held_out,
     sample_owner,
 )
 from tlt.drafter.model import PolicyParts
@@ -325,16 +324,14 @@ class SpotWorker:
         window = [Sample(i, seq) for i, record in entries if (seq := training_sequence(record)) is not None]
         if self.config.split_samples:
             workers = {p.worker_id for p in self.progress.read()} | {self.config.worker_id}
-            fraction = self.config.continual.eval_fraction
-            window = [
-                s for s in window if is_held_out(s.sample_id, fraction) or sample_owner(s.sample_id, workers) == self.config.worker_id
-            ]
-        self.training.add_samples(window)
+            self.training.add_samples(window, lambda sample_id: sample_owner(sample_id, workers) == self.config.worker_id)
+        else:
+            self.training.add_samples(window)
         if entries:
             self._last_seen = entries[-1][0]
         if not self.training.has_work:
             raise NoSamples(f"nothing to train on: {len(window)} usable samples, all used")
-        return window
+        return self.training.window
 
     def _compute_features(self) -> int:
         """Features of the window's new samples, a few per request, preemptible between two

@@ -187,6 +187,9 @@ def test_only_the_newest_held_out_samples_are_kept_so_no_others_features_are_com
     assert len(held) > 4
     trained = {s.sample_id for s in window} - set(held)
     assert {s.sample_id for s in training.missing_features()} == trained | set(held[-4:])
+    # A worker's share filters the training samples only: every worker measures on the same held-out ones.
+    training.add_samples(window, lambda sample_id: sample_id.endswith("7-0"))
+    assert {s.sample_id for s in training.window} == {i for i in trained if i.endswith("7-0")} | set(held[-4:])
 
 
 def test_workers_share_the_samples_evenly_and_a_leaving_worker_moves_only_its_own() -> None:

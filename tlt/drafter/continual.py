@@ -200,20 +200,31 @@ class ContinualTraining:
         """The candidate's tensors, on the CPU in the base version's dtypes (to commit)."""
         return {name: t.detach().to("cpu", self._dtypes.get(name, t.dtype)).contiguous() for name, t in self.drafter.state_dict().items()}
 
-    def add_samples(self, window: Sequence[Sample]) -> int:
+    def add_samples(self, window: Sequence[Sample], trains_on: Callable[[str], bool] = lambda sample_id: True) -> int:
         """The newest samples of the job, oldest first: the training window from now on. Returns
-        how many are new (new ones reset the count of passes). Of the held-out samples only the
-        newest `held_out` are kept: a round measures on no others, so no other's features are computed."""
+        how many are new (new ones reset the count of passes). Of the training samples only those
+        whose id `trains_on` accepts are kept (a worker's share); of the held-out samples only the
+        newest `held_out`, all of them whatever the share: a round measures on no others, so no
+        other's features are computed."""
         self._discarded &= {s.sample_id for s in window}  # forget those that left the window
         held = [s.sample_id for s in window if is_held_out(s.sample_id, self.config.eval_fraction)]
-        unused = set(held[: -self.config.held_out])
-        window = [s for s in window if s.sample_id not in self._discarded and s.sample_id not in unused]
+        held_out, kept = set(held), set(held[-self.config.held_out :])
+        window = [
+            s
+            for s in window
+            if s.sample_id not in self._discarded and (s.sample_id in kept if s.sample_id in held_out else trains_on(s.sample_id))
+        ]
         new = sum(1 for s in window if s.sample_id not in self._pool)
         self._pool = {s.sample_id: s.sequence for s in window}
         self.features.retain(set(self._pool))
         if new:  # a fresh pass over the new window
             self._passes, self._order, self._cursor = 0, [], 0
         return new
+
+    @property
+    def window(self) -> list[Sample]:
+        """The samples `add_samples` kept, oldest first."""
+        return [Sample(i, seq) for i, seq in self._pool.items()]
 
     def discard(self, sample_id: str) -> None:
         """Leave a sample out for good (its features cannot be computed)."""
@@ -232,8 +243,8 @@ class ContinualTraining:
     def start_round(self, parts: PolicyParts) -> bool:
         """Begin a round with these policy parts and the newest held-out samples with features;
         False when the window holds fewer than two."""
+        # The pool keeps only the newest `held_out` held-out samples (`add_samples`).
         held = [(i, seq) for i, seq in self._pool.items() if is_held_out(i, self.config.eval_fraction) and i in self.features]
-        held = held[-self.config.held_out :]
         if len(held) < 2:
             return False
         base = EagleDrafter(self.policy_config).to(self.device)
