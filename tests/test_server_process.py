@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tlt.local.process import ServerStartError, ServiceProcess, SpotWorkerProcess
+from tlt.local.process import ServerStartError, ServiceProcess, SpotWorkerProcess, free_port
 
 
 class Sleeper(ServiceProcess):
@@ -72,3 +72,12 @@ def test_spot_worker_session_nice_is_opt_in_and_apart_from_the_threads_nice(
     assert SpotWorkerProcess(tmp_path / "log", env={"TLT_SPOT_SESSION_NICE": "19"}).session_nice == 19
     monkeypatch.setenv("TLT_SPOT_SESSION_NICE", "7")
     assert SpotWorkerProcess(tmp_path / "log").session_nice == 7
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_never_handed_out_twice() -> None:
+    """Outgoing connections get ports from the ephemeral range: one could take a port found there
+    before the child that is to bind it does."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = [free_port() for _ in range(300)]
+    assert len(set(ports)) == len(ports)
+    assert all(port < ephemeral_low for port in ports)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -19,11 +20,42 @@ from tlt.rollout.client import RolloutClient
 logger = logging.getLogger(__name__)
 
 
-def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
+# Linux hands out ports from its ephemeral range to bind(0) and to every outgoing connection, so a
+# port found by bind(0) can be taken by some connection in the seconds before the child binds it
+# (seen: a rollout server's HTTP port "already in use" at its start). Ports below that range are
+# never handed out so; these also stay below SGLang's own later-bound ports (22000-29999).
+_PORTS_BOUND_LATER = (10000, 21999)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # not Linux: its default
+        return 32768
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on loopback for a child process to bind: free now, below the ephemeral range
+    (so no outgoing connection gets it meanwhile) and not handed out before by this process."""
+    low, high = _PORTS_BOUND_LATER[0], min(_PORTS_BOUND_LATER[1], _ephemeral_low() - 1)
+    candidates = [p for p in random.sample(range(low, high + 1), min(64, max(0, high - low + 1))) if p not in _handed_out]
+    port = next((p for p in candidates if _bindable(p)), None)
+    if port is None:  # a small or taken range: the kernel's choice
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    _handed_out.add(port)
+    return port
 
 
 def guarded(argv: list[str]) -> list[str]:
