@@ -37,8 +37,9 @@ def real_sgl_kernel_installed() -> bool:
 def cpu_environment(environ: dict[str, str]) -> dict[str, str]:
     """The environment for SGLang's CPU engine: the engine switch, torch.compile off and glibc's
     malloc thresholds (unless the caller set them), and our `sgl_kernel` stand-in on PYTHONPATH
-    unless a real one is installed. SGLang's spawned scheduler processes inherit it; glibc reads
-    its variables only when a process starts, so they take effect there, not in the caller."""
+    unless a real one is installed. SGLang's scheduler processes inherit it; glibc reads its
+    variables only when a process starts, so in a process already running (the launcher, whose
+    forked children inherit its heap settings) `fork_start` applies them with mallopt."""
     env = dict(environ)
     env[CPU_ENGINE_ENV] = "1"
     env.setdefault(DYNAMO_DISABLE_ENV, "1")

@@ -15,19 +15,22 @@ import ctypes
 import multiprocessing
 import os
 
-# mallopt(3) parameters, and the environment variables that set them when a process starts.
-_MALLOPT = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
+from rollout_server.cpu import MALLOC_ENV
+
+# The mallopt(3) parameter that each of MALLOC_ENV's variables sets when a process starts.
+_MALLOPT_PARAM = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
 
 
 def _apply_malloc_environment() -> None:
-    """What glibc would have read from MALLOC_*_ at our start, applied now (we set them after it)."""
+    """What glibc would have read from MALLOC_ENV's variables at our start, applied now (the
+    launcher sets them after it)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: the variables mean nothing there either
         return
-    for name, param in _MALLOPT.items():
+    for name in MALLOC_ENV:
         if name in os.environ:
-            mallopt(param, int(os.environ[name]))
+            mallopt(_MALLOPT_PARAM[name], int(os.environ[name]))
 
 
 def fork_sglang_children(cpu_threads: int) -> None:
@@ -39,13 +42,10 @@ def fork_sglang_children(cpu_threads: int) -> None:
     _apply_malloc_environment()
     torch.set_num_threads(cpu_threads)
     set_envs_and_config = engine._set_envs_and_config
-    if getattr(set_envs_and_config, "tlt_forks", False):
-        return
 
     def set_envs_and_config_then_fork(*args, **kwargs):
         set_envs_and_config(*args, **kwargs)
         multiprocessing.set_start_method("fork", force=True)
 
-    set_envs_and_config_then_fork.tlt_forks = True
     # SGLang calls it through its module's global (engine.py's launch), so replacing that is enough.
     engine._set_envs_and_config = set_envs_and_config_then_fork
