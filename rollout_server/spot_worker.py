@@ -118,6 +118,7 @@ class SliceResult:
     accept_length_before: float = 0.0
     accept_length: float = 0.0
     gain_standard_error: float = 0.0
+    sequences: int = 0  # held-out sequences the last measure compared on
     measures: int = 0
     steps: int = 0  # training steps in this slice
     total_steps: int = 0  # ... the candidate has had since its base
@@ -287,7 +288,10 @@ class SpotWorker:
             except grpc.RpcError:
                 pass
             raise
-        logger.info("spot worker: committed v%d (%.3f -> %.3f, +-%.3f)", version, result.accept_length_before, result.accept_length, result.gain_standard_error)
+        logger.info(
+            "spot worker: committed v%d (%.3f -> %.3f, +-%.3f, %d sequences)",
+            version, result.accept_length_before, result.accept_length, result.gain_standard_error, result.sequences,
+        )  # fmt: skip
         self.training.committed(version)
         self._ready = None
         self.committed += 1
@@ -297,7 +301,7 @@ class SpotWorker:
         """Train and measure until a measure says commit or the data is used up."""
         while True:
             if self.training.needs_round and not self.training.start_round(self.parts):
-                raise NoSamples("fewer than two held-out samples with features")
+                raise NoSamples(f"fewer than {self.training.config.min_held_out} held-out samples with features")
             verdict = self.training.advance(self._check)
             if verdict is None:
                 return None
@@ -306,13 +310,17 @@ class SpotWorker:
             if verdict.commit:
                 return verdict
             comparison = verdict.comparison
-            logger.info("spot worker: candidate %.3f vs base %.3f (+-%.3f): not yet", comparison.candidate, comparison.base, comparison.standard_error)
+            logger.info(
+                "spot worker: candidate %.3f vs base %.3f (+-%.3f, %d sequences): not yet",
+                comparison.candidate, comparison.base, comparison.standard_error, comparison.sequences,
+            )  # fmt: skip
 
     @staticmethod
     def _report(result: SliceResult, verdict: Verdict) -> None:
         comparison = verdict.comparison
         result.accept_length_before, result.accept_length = comparison.base, comparison.candidate
         result.gain_standard_error = comparison.standard_error
+        result.sequences = comparison.sequences
 
     def refresh_window(self) -> list[Sample]:
         """This worker's share of the job's newest samples, and all of its held-out ones, become

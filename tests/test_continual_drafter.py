@@ -6,6 +6,8 @@ the workers' shares."""
 from __future__ import annotations
 
 import itertools
+import math
+from statistics import NormalDist
 
 import pytest
 import torch
@@ -118,6 +120,15 @@ def test_used_up_data_stops_training_until_new_samples_arrive(policy_samples) ->
     assert training.steps > steps
 
 
+def test_a_round_waits_for_enough_held_out_sequences_to_measure_its_error(policy_samples) -> None:
+    policy, samples, features = policy_samples
+    held = sum(1 for s in samples[:40] if is_held_out(s.sample_id, 0.2))
+    assert not _training(policy, samples[:40], features, min_held_out=held + 1).start_round(PolicyParts(policy))
+    assert _training(policy, samples[:40], features, min_held_out=held).start_round(PolicyParts(policy))
+    with pytest.raises(ValueError, match="exceeds held_out"):
+        ContinualConfig(held_out=8, min_held_out=9)
+
+
 def test_a_new_window_is_trained_on_at_once(policy_samples) -> None:
     """The training window moves on (a new RL step's samples replace the old): the pass in progress
     is over, not a pass of samples that left the window."""
@@ -158,8 +169,17 @@ def test_the_paired_gain_and_its_clustered_error() -> None:
     comparison = paired_gain({"a": [1, 1], "b": [2, 2]}, {"a": [2, 2], "b": [2, 3]})
     assert comparison.gain == pytest.approx(0.75)
     assert comparison.standard_error == pytest.approx(0.25)  # residuals +-0.5 over 2 clusters, 4 positions
-    assert comparison.beats(2.0) and not comparison.beats(4.0)
+    # Three standard errors, but the error comes from 2 clusters: Student's t on 1 degree of
+    # freedom, tan(pi (p - 1/2)) at the normal z's one-sided level p, not z itself.
+    assert comparison.critical(2.0) == pytest.approx(math.tan(math.pi * (NormalDist().cdf(2.0) - 0.5)))
+    assert comparison.critical(2.0) > 13 and not comparison.beats(2.0) and comparison.beats(0.5)
     assert not paired_gain({"a": [1, 1]}, {"a": [3, 3]}).beats(0.0)  # one sequence: no verdict
+    # 5 sequences, 3 of them one token better: 2.45 standard errors, short of t's 2.87 on 4 degrees.
+    few = paired_gain({str(n): [3, 3] for n in range(5)}, {str(n): [3, 3 + (n < 3)] for n in range(5)})
+    assert few.gain == pytest.approx(0.3) and few.gain / few.standard_error == pytest.approx(math.sqrt(6))
+    assert few.critical(2.0) == pytest.approx(2.87, abs=0.01) and not few.beats(2.0) and few.beats(1.5)
+    many = paired_gain({str(n): [3] for n in range(400)}, {str(n): [3 + (n % 2)] for n in range(400)})
+    assert 2.0 < many.critical(2.0) < 2.01 and many.beats(2.0)  # many clusters: t is nearly normal
     with pytest.raises(ValueError):
         paired_gain({"a": [1]}, {"b": [1]})
 
@@ -179,7 +199,7 @@ def test_the_split_follows_the_id_and_the_cache_its_bound() -> None:
 
 def test_only_the_newest_held_out_samples_are_kept_so_no_others_features_are_computed() -> None:
     training = ContinualTraining(
-        AutoConfig.from_pretrained(BUNDLED_MODEL), ContinualConfig(held_out=4), DrafterTrainingConfig(), torch.device("cpu")
+        AutoConfig.from_pretrained(BUNDLED_MODEL), ContinualConfig(held_out=4, min_held_out=2), DrafterTrainingConfig(), torch.device("cpu")
     )
     window = [Sample(f"{1000 + n}-0", PolicySequence([5, 6, 7, 8], 2)) for n in range(200)]
     training.add_samples(window)

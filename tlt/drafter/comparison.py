@@ -1,12 +1,17 @@
 """Whether a candidate drafter accepts more than its base: a paired comparison over the same
 held-out sequences and positions, with a standard error that treats each sequence as one cluster
-(positions of one sequence share its context, so they are not independent draws)."""
+(positions of one sequence share its context, so they are not independent draws). The error is
+estimated from the clusters themselves, so the test compares the gain with Student's t on one
+fewer degrees of freedom than clusters: from a handful of sequences the error itself is too
+uncertain for a normal threshold."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from scipy import stats
 
 
 @dataclass(frozen=True)
@@ -23,9 +28,16 @@ class PairedGain:
     def gain(self) -> float:
         return self.candidate - self.base
 
+    def critical(self, z: float) -> float:
+        """Standard errors the gain must reach for a one-sided test at the level a normal `z`
+        has: Student's t on `sequences - 1` degrees of freedom (infinite below two sequences)."""
+        if self.sequences < 2:
+            return math.inf
+        return float(stats.t.isf(stats.norm.sf(z), self.sequences - 1))
+
     def beats(self, z: float) -> bool:
-        """The gain is positive and at least `z` standard errors: a one-sided test at that z."""
-        return self.gain > 0 and self.gain >= z * self.standard_error
+        """The gain is positive and at least `critical(z)` standard errors."""
+        return self.gain > 0 and self.gain >= self.critical(z) * self.standard_error
 
 
 def paired_gain(base: Mapping[str, Sequence[int]], candidate: Mapping[str, Sequence[int]]) -> PairedGain:

@@ -10,7 +10,8 @@ interrupts is kept, and the next piece carries on from there.
 A round fixes what candidates are compared against: the base version, the policy parts and a
 held-out set (the newest held-out samples). Every `eval_steps` training steps the candidate is
 measured on that set, paired with the base's cached score, and it is worth committing when it
-beats the base by `commit_z` standard errors. A round ends with a commit, a rebase (another
+beats the base at the one-sided level of `commit_z` normal errors (`PairedGain.beats`: Student's t
+on the held-out sequences). A round ends with a commit, a rebase (another
 worker committed) or `round_evals` evaluations that did not beat the base; the next one takes the
 policy parts the server serves then and the newest held-out samples. Which side of the split a
 sample is on follows from its id, so no slice ever trains on a sample another held out. Which
@@ -29,7 +30,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from transformers import PretrainedConfig
 
 from tlt.drafter.acceptance import chain_accept_lengths, response_starts
@@ -50,14 +51,23 @@ class ContinualConfig(BaseModel):
 
     eval_fraction: float = Field(0.2, gt=0, lt=1, description="share of samples (chosen by id) never trained on")
     held_out: int = Field(64, ge=2, le=4096, description="held-out sequences a round measures on")
+    min_held_out: int = Field(
+        8, ge=2, le=4096, description="held-out sequences with features a round needs to start (its error comes from them)"
+    )
     draft_steps: int = Field(4, ge=1, le=16, description="chain length of the accept-length measure")
     eval_every: int = Field(4, ge=1, description="measure acceptance at every n-th response position")
     eval_steps: int = Field(32, ge=1, description="training steps between two measures of the candidate")
     commit_z: float = Field(
-        2.0, ge=0, description="commit when the paired gain over the base is at least this many standard errors"
+        2.0, ge=0, description="commit when the paired gain over the base passes a one-sided test at this normal z's level"
     )
     round_evals: int = Field(4, ge=1, description="measures without a commit before a new round (fresh held-out set)")
     feature_cache_mb: float = Field(1024, gt=0, description="bound on the cached features (oldest out first)")
+
+    @model_validator(mode="after")
+    def _minimum_fits(self) -> ContinualConfig:
+        if self.min_held_out > self.held_out:
+            raise ValueError(f"min_held_out ({self.min_held_out}) exceeds held_out ({self.held_out})")
+        return self
 
 
 @dataclass
@@ -242,10 +252,10 @@ class ContinualTraining:
 
     def start_round(self, parts: PolicyParts) -> bool:
         """Begin a round with these policy parts and the newest held-out samples with features;
-        False when the window holds fewer than two."""
+        False when the window holds fewer than `min_held_out`."""
         # The pool keeps only the newest `held_out` held-out samples (`add_samples`).
         held = [(i, seq) for i, seq in self._pool.items() if is_held_out(i, self.config.eval_fraction) and i in self.features]
-        if len(held) < 2:
+        if len(held) < self.config.min_held_out:
             return False
         base = EagleDrafter(self.policy_config).to(self.device)
         base.load_state_dict(self._base_state)

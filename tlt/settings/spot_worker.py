@@ -53,7 +53,11 @@ class SpotWorkerSettings(DeviceSettings):
         "samples are measured on by every worker); off: each trains on all",
     )
     commit_z: float = Field(
-        2.0, ge=0, le=10, description="commit a candidate when its paired held-out gain over the published version is this many standard errors"
+        2.0,
+        ge=0,
+        le=10,
+        description="commit a candidate when its paired held-out gain over the published version passes a one-sided test at "
+        "the level of this many standard normal errors (Student's t on the held-out sequences: 2.03 errors over 64 at 2)",
     )
     update_slots: int | None = Field(
         None,
